@@ -1,0 +1,1 @@
+"""fedswarm: a decentralized peer-to-peer compute federation."""

@@ -1,0 +1,507 @@
+"""ClientCore: the sans-IO side of a tenant that submits jobs.
+
+Theory of operation
+-------------------
+A job is split into shards. Open shards are auctioned in *rounds*: the
+client picks candidates from its view (capable peers, fewest-backlog of a
+random sample of twice the number needed: power-of-d-choices, Sparrow),
+sends each a ``CallForBids`` carrying the tenant-signed ``JobSpec``, and
+collects ``Bid``s for ``bid_window_s`` (or until every invitee answered).
+It then awards each shard to the bid minimising
+
+    weight * estimated_finish + lam * (energy_j + carbon_weight * carbon_g)
+
+where a peer's finish for its k-th shard of this round is
+``start_s + (k // slots + 1) * run_s`` (the award rule). A winner holds a lease:
+it renews it with ``LeaseRenew``; the client answers ``LeaseAck`` and keeps
+the lease alive for ``lease_s`` after each renewal. A lapsed lease, a decline
+or a failed result reopens the shard with the next attempt number; a shard
+that failed ``max_attempts`` times fails the job.
+
+Exactly-once delivery: a shard may *run* more than once (an attempt thought
+lost may still finish), but the first result for a shard is delivered and
+every later one is acknowledged and dropped; other holders are cancelled.
+Results are accepted only from the peer that holds (or held) that attempt.
+
+Chain jobs open one shard at a time: shard k+1 is auctioned when shard k's
+result is in, so the job competes again at every shard boundary.
+
+Shard states::
+
+    OPEN --invite--> BIDDING --award--> AWARDED --result--> DONE
+    BIDDING --no bid--> OPEN     AWARDED --lapse|decline|failure--> OPEN
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LocalProtocolError, RemoteProtocolError
+from .config import ClientConfig
+from .events import Effect, Input, JobFinished, MessageReceived, Send, ShardDelivered
+from .identity import Identity
+from .node import Node
+from .view import ViewEntry
+from .wire import (
+    Award,
+    AwardDecline,
+    Bid,
+    CallForBids,
+    Cancel,
+    Gossip,
+    JobSpec,
+    LeaseAck,
+    LeaseRenew,
+    PeerState,
+    ResultAck,
+    ShardResult,
+    Signed,
+    VerifyCache,
+    pack_params,
+)
+
+__all__ = ["ClientCore", "JobRequest", "ShardState"]
+
+
+class ShardState:
+    OPEN = "open"
+    BIDDING = "bidding"
+    AWARDED = "awarded"
+    DONE = "done"
+
+
+_TRANSITIONS: dict[tuple[str, str], str] = {
+    (ShardState.OPEN, "invite"): ShardState.BIDDING,
+    (ShardState.BIDDING, "award"): ShardState.AWARDED,
+    (ShardState.BIDDING, "no-bid"): ShardState.OPEN,
+    (ShardState.AWARDED, "reopen"): ShardState.OPEN,
+    (ShardState.AWARDED, "result"): ShardState.DONE,
+    # a result from an earlier attempt may land while the shard is re-auctioned
+    (ShardState.OPEN, "result"): ShardState.DONE,
+    (ShardState.BIDDING, "result"): ShardState.DONE,
+}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a tenant asks for. ``work_s``: one shard's run time on ``gpus``
+    reference devices (an estimate; it steers bids and the energy choice)."""
+
+    task: str
+    shards: int
+    params: dict[str, Any] = field(default_factory=dict)
+    work_s: float = 1.0
+    gpus: int = 1
+    mem_bytes: int = 0
+    chain: bool = False
+    deadline_s: float | None = None
+    weight: float = 1.0
+    lam: float = 0.0
+    job_id: str = ""
+
+
+@dataclass(slots=True)
+class _Shard:
+    index: int
+    state: str = ShardState.OPEN
+    attempt: int = 0
+    peer: str = ""
+    lease_until: float = 0.0
+    failures: int = 0
+    holders: dict[int, str] = field(default_factory=dict)  # attempt -> peer
+    round: int = -1
+
+
+@dataclass(slots=True)
+class _Round:
+    id: int
+    shards: tuple[int, ...]
+    invited: set[str]
+    close_at: float
+    bids: dict[str, Bid] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Job:
+    spec: JobSpec
+    raw: bytes
+    shards: list[_Shard]
+    submitted_at: float
+    done: int = 0
+    finished: bool = False
+    round: _Round | None = None
+    next_round_at: float = 0.0
+    backoff: float = 0.0
+    next_round_id: int = 0
+    finished_at: float = 0.0
+
+
+class ClientCore(Node):
+    """A tenant's auction and lease bookkeeping. See the module docstring."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: ClientConfig,
+        rng: random.Random,
+        *,
+        verify_cache: VerifyCache | None = None,
+    ) -> None:
+        super().__init__(
+            identity,
+            rng,
+            max_view=config.max_view,
+            max_skew_s=config.max_skew_s,
+            max_message_bytes=config.max_message_bytes,
+            verify_cache=verify_cache,
+        )
+        self.config = config
+        self.jobs: dict[str, _Job] = {}
+        self._suspect: dict[str, float] = {}
+        self._next_gossip = 0.0
+        self._counter = 0
+
+    # ------------------------------------------------------------------
+    # public API
+
+    def start(self, now: float) -> list[Effect]:
+        self._next_gossip = now + self.config.gossip_interval_s
+        return [self._gossip_to(now, b, reply=True, entries=0) for b in self.config.bootstrap]
+
+    def submit(self, now: float, req: JobRequest) -> tuple[str, list[Effect]]:
+        """Sign and open a job; returns its id and the first effects."""
+        if req.shards < 1:
+            raise LocalProtocolError("bad-job", "a job needs at least one shard")
+        self._counter += 1
+        job_id = req.job_id or f"{self.id[-8:]}-{self._counter}-{self.rng.getrandbits(32):08x}"
+        if job_id in self.jobs:
+            raise LocalProtocolError("bad-job", f"job id {job_id} already used")
+        spec = JobSpec(
+            job_id=job_id,
+            task=req.task,
+            shards=req.shards,
+            chain=req.chain,
+            work_s=float(req.work_s),
+            gpus=req.gpus,
+            mem_bytes=req.mem_bytes,
+            deadline_s=None if req.deadline_s is None else float(req.deadline_s),
+            weight=float(req.weight),
+            lam=float(req.lam),
+            submitted_at=float(now),
+            params=pack_params(req.params),
+        )
+        raw = self._encode(spec, now)
+        self.jobs[job_id] = _Job(spec, raw, [_Shard(i) for i in range(req.shards)], now, next_round_at=now)
+        self.stats["jobs_submitted"] += 1
+        return job_id, self._advance(now, self.jobs[job_id])
+
+    def cancel(self, now: float, job_id: str) -> list[Effect]:
+        job = self.jobs.get(job_id)
+        if job is None or job.finished:
+            return []
+        job.finished = True
+        job.finished_at = now
+        holders = sorted({s.peer for s in job.shards if s.state == ShardState.AWARDED and s.peer})
+        out: list[Effect] = [self._send(p, Cancel(job_id, ()), now) for p in holders]
+        out.append(JobFinished(job_id, False, "cancelled"))
+        return out
+
+    def handle(self, now: float, inp: Input) -> list[Effect]:
+        if not isinstance(inp, MessageReceived):
+            raise LocalProtocolError("bad-input", type(inp).__name__)
+        signed = self._receive(now, inp.sender, inp.data)
+        if signed is None:
+            return []
+        msg = signed.msg
+        try:
+            if isinstance(msg, Gossip):
+                return self._handle_gossip(now, inp.sender, msg)
+            if isinstance(msg, PeerState):
+                self._merge_state(now, inp.data, signed)
+                return []
+            if isinstance(msg, Bid):
+                return self._on_bid(now, signed, msg)
+            if isinstance(msg, LeaseRenew):
+                return self._on_renew(now, signed, msg)
+            if isinstance(msg, ShardResult):
+                return self._on_result(now, signed, msg)
+            if isinstance(msg, AwardDecline):
+                return self._on_decline(now, signed, msg)
+            raise RemoteProtocolError("unexpected-kind", type(msg).__name__)
+        except RemoteProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            return []
+
+    def poll(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        if now >= self._next_gossip:
+            self._next_gossip = now + self.config.gossip_interval_s
+            self.view.expire(now)
+            peers = [p for p in self.view.peers() if p != self.id] or list(self.config.bootstrap)
+            if peers:
+                out.append(self._gossip_to(now, self.rng.choice(peers), reply=True, entries=0))
+        for job in list(self.jobs.values()):
+            if job.finished:
+                continue
+            for sh in job.shards:
+                if sh.state == ShardState.AWARDED and now >= sh.lease_until:
+                    self.stats["leases_lapsed"] += 1
+                    self._suspect[sh.peer] = now + self.config.suspect_s
+                    self._reopen(job, sh)
+            out.extend(self._advance(now, job))
+        return out
+
+    def next_deadline(self) -> float:
+        t = self._next_gossip
+        for job in self.jobs.values():
+            if job.finished:
+                continue
+            if job.round is not None:
+                t = min(t, job.round.close_at)
+            elif any(s.state == ShardState.OPEN for s in self._openable(job)):
+                t = min(t, job.next_round_at)
+            for sh in job.shards:
+                if sh.state == ShardState.AWARDED:
+                    t = min(t, sh.lease_until)
+        return t
+
+    def job_status(self, job_id: str) -> dict[str, Any]:
+        job = self.jobs[job_id]
+        counts: dict[str, int] = {}
+        for s in job.shards:
+            counts[s.state] = counts.get(s.state, 0) + 1
+        return {"job_id": job_id, "shards": len(job.shards), "done": job.done, "finished": job.finished, **counts}
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's bookkeeping (late messages are then refused)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.finished:
+            del self.jobs[job_id]
+
+    def __repr__(self) -> str:
+        active = sum(1 for j in self.jobs.values() if not j.finished)
+        return f"<ClientCore {self.id[:16]}… view={len(self.view)} jobs={len(self.jobs)} active={active}>"
+
+    # ------------------------------------------------------------------
+    # auction rounds
+
+    def _move(self, sh: _Shard, event: str) -> None:
+        new = _TRANSITIONS.get((sh.state, event))
+        if new is None:
+            raise LocalProtocolError("bad-transition", f"shard {sh.index}: {sh.state} --{event}-->")
+        sh.state = new
+
+    def _openable(self, job: _Job) -> list[_Shard]:
+        if job.spec.chain:
+            nxt = job.done
+            return [job.shards[nxt]] if nxt < len(job.shards) and job.shards[nxt].state == ShardState.OPEN else []
+        return [s for s in job.shards if s.state == ShardState.OPEN]
+
+    def _eligible(self, job: JobSpec, now: float) -> list[ViewEntry]:
+        out = []
+        for e in self.view.live(now):
+            st = e.state
+            if e.peer == self.id or self._suspect.get(e.peer, 0.0) > now:
+                continue
+            if st.slots < job.gpus:
+                continue
+            if job.task not in st.throughput and "*" not in st.throughput:
+                continue
+            if job.mem_bytes and all(d.mem_total < job.mem_bytes for d in st.devices):
+                continue
+            if self.config.min_trust and st.trust != self.config.min_trust:
+                continue
+            out.append(e)
+        return out
+
+    def _advance(self, now: float, job: _Job) -> list[Effect]:
+        out: list[Effect] = []
+        if job.round is not None and now >= job.round.close_at:
+            out.extend(self._close_round(now, job))
+        if job.finished or job.round is not None or now < job.next_round_at:
+            return out
+        open_ = self._openable(job)
+        if not open_:
+            return out
+        cands = self._eligible(job.spec, now)
+        if not cands:
+            self._backoff(job, now)
+            self.stats["rounds_no_candidates"] += 1
+            return out
+        cfg = self.config
+        want = min(max(int(math.ceil(cfg.probe_ratio * len(open_))), cfg.probe_min), cfg.probe_max, len(cands))
+        pool = self.rng.sample(cands, min(len(cands), 2 * want))
+        pool.sort(key=lambda e: (e.state.backlog_s / max(e.state.slots, 1), e.peer))
+        invited = [e.peer for e in pool[:want]]
+        shards = tuple(s.index for s in open_[:4096])
+        rid = job.next_round_id
+        job.next_round_id += 1
+        job.round = _Round(rid, shards, set(invited), now + cfg.bid_window_s)
+        for i in shards:
+            sh = job.shards[i]
+            self._move(sh, "invite")
+            sh.round = rid
+        cfb = CallForBids(job.raw, shards, rid)
+        data = self._encode(cfb, now)
+        out.extend(Send(p, data, "CallForBids") for p in invited)
+        self.stats["cfb_sent"] += len(invited)
+        self.stats["rounds"] += 1
+        return out
+
+    def _backoff(self, job: _Job, now: float) -> None:
+        cfg = self.config
+        job.backoff = min(max(job.backoff * 2, cfg.retry_backoff_s), cfg.retry_backoff_max_s)
+        job.next_round_at = now + job.backoff * (0.5 + self.rng.random())
+
+    def _on_bid(self, now: float, signed: Signed, bid: Bid) -> list[Effect]:
+        job = self.jobs.get(bid.job_id)
+        if job is None or job.finished:
+            self.stats["bids_late"] += 1
+            return []
+        rnd = job.round
+        if rnd is None or rnd.id != bid.round:
+            self.stats["bids_late"] += 1
+            return []
+        if signed.author not in rnd.invited:
+            raise RemoteProtocolError("uninvited-bid", signed.author[:16])
+        if not set(bid.shards) <= set(rnd.shards):
+            raise RemoteProtocolError("no-such-shard", bid.job_id)
+        rnd.bids[signed.author] = bid
+        self.stats["bids_received"] += 1
+        if len(rnd.bids) >= len(rnd.invited):
+            return self._close_round(now, job) + self._advance(now, job)
+        return []
+
+    def _close_round(self, now: float, job: _Job) -> list[Effect]:
+        rnd = job.round
+        assert rnd is not None
+        job.round = None
+        spec = job.spec
+        out: list[Effect] = []
+        assigned: dict[str, int] = {}
+        bidders = sorted(rnd.bids.items())
+        awarded_any = False
+        for i in rnd.shards:
+            sh = job.shards[i]
+            if sh.state != ShardState.BIDDING or sh.round != rnd.id:
+                continue
+            best: tuple[float, str, Bid] | None = None
+            for peer, bid in bidders:
+                if i not in bid.shards:
+                    continue
+                k = assigned.get(peer, 0)
+                finish = bid.start_s + (k // bid.slots + 1) * bid.run_s
+                cost = spec.weight * finish + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g)
+                if best is None or (cost, peer) < (best[0], best[1]):
+                    best = (cost, peer, bid)
+            if best is None:
+                self._move(sh, "no-bid")
+                continue
+            _, peer, bid = best
+            assigned[peer] = assigned.get(peer, 0) + 1
+            self._move(sh, "award")
+            sh.peer = peer
+            sh.holders[sh.attempt] = peer
+            sh.lease_until = now + self.config.lease_s + self.config.bid_window_s
+            awarded_any = True
+            self.stats["awards_sent"] += 1
+            award = Award(job.raw, peer, i, sh.attempt, self.config.lease_s, bid.level)
+            out.append(self._send(peer, award, now))
+        if awarded_any:
+            job.backoff = 0.0
+            job.next_round_at = now
+        else:
+            self._backoff(job, now)
+            self.stats["rounds_no_bids"] += 1
+        return out
+
+    # ------------------------------------------------------------------
+    # leases and results
+
+    def _holder(self, job_id: str, shard: int, attempt: int, author: str) -> tuple[_Job, _Shard] | None:
+        job = self.jobs.get(job_id)
+        if job is None or shard >= len(job.shards):
+            return None
+        sh = job.shards[shard]
+        if sh.holders.get(attempt) != author:
+            return None
+        return job, sh
+
+    def _on_renew(self, now: float, signed: Signed, msg: LeaseRenew) -> list[Effect]:
+        found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)
+        if found is None:
+            self.stats["renewals_unknown"] += 1
+            return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, False, 0.0), now)]
+        job, sh = found
+        current = not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt
+        if current:
+            sh.lease_until = now + self.config.lease_s
+        self.stats["renewals"] += 1
+        return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, current, self.config.lease_s), now)]
+
+    def _on_decline(self, now: float, signed: Signed, msg: AwardDecline) -> list[Effect]:
+        found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)
+        if found is None:
+            raise RemoteProtocolError("unknown-lease", msg.job_id)
+        job, sh = found
+        self.stats["declines"] += 1
+        if not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
+            self._reopen(job, sh)
+            return self._advance(now, job)
+        return []
+
+    def _reopen(self, job: _Job, sh: _Shard) -> None:
+        self._move(sh, "reopen")
+        sh.attempt = max(sh.holders, default=-1) + 1
+        sh.peer = ""
+        job.next_round_at = -math.inf  # auction it at the next opportunity
+
+    def _on_result(self, now: float, signed: Signed, msg: ShardResult) -> list[Effect]:
+        found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)
+        if found is None:
+            raise RemoteProtocolError("unsolicited-result", msg.job_id)
+        job, sh = found
+        ack = self._send(signed.author, ResultAck(msg.job_id, msg.shard, msg.attempt), now)
+        if job.finished or sh.state == ShardState.DONE:
+            self.stats["results_duplicate"] += 1
+            return [ack]
+        out: list[Effect] = [ack]
+        if not msg.ok:
+            self.stats["results_failed"] += 1
+            if sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
+                sh.failures += 1
+                if sh.failures >= self.config.max_attempts:
+                    job.finished = True
+                    job.finished_at = now
+                    out.append(JobFinished(job.spec.job_id, False, f"shard {sh.index} failed: {msg.error}"))
+                    out.extend(self._cancel_others(now, job, sh, None))
+                    return out
+                self._reopen(job, sh)
+                out.extend(self._advance(now, job))
+            return out
+        others_attempt = sh.attempt if sh.state == ShardState.AWARDED else None
+        self._move(sh, "result")
+        sh.peer = signed.author
+        job.done += 1
+        self.stats["shards_delivered"] += 1
+        out.append(
+            ShardDelivered(msg.job_id, msg.shard, signed.author, msg.attempt, msg.result, msg.energy_j, msg.carbon_g, msg.gpu_s)
+        )
+        if others_attempt is not None and others_attempt != msg.attempt:
+            out.extend(self._cancel_others(now, job, sh, msg.attempt))
+        if job.done == len(job.shards):
+            job.finished = True
+            job.finished_at = now
+            self.stats["jobs_finished"] += 1
+            out.append(JobFinished(job.spec.job_id, True))
+        else:
+            job.next_round_at = min(job.next_round_at, now)
+            out.extend(self._advance(now, job))
+        return out
+
+    def _cancel_others(self, now: float, job: _Job, sh: _Shard, keep_attempt: int | None) -> list[Effect]:
+        peers = sorted({p for a, p in sh.holders.items() if a != keep_attempt})
+        return [self._send(p, Cancel(job.spec.job_id, (sh.index,)), now) for p in peers]

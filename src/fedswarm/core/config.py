@@ -1,0 +1,83 @@
+"""Configuration of the cores: plain frozen dataclasses, no file access.
+
+``fedswarm.profiles`` builds a ``PeerConfig`` from a TOML peer profile
+(``peers/*.toml``); netsim and the daemon both go through it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .energy import PowerModel
+from .wire import Device
+
+__all__ = ["PeerConfig", "ClientConfig", "QUEUE_POLICIES"]
+
+QUEUE_POLICIES = ("rho", "share", "fifo")
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    # -- hardware and power ------------------------------------------------
+    devices: tuple[Device, ...] = (Device("cpu", "cpu", 1, 8 << 30, 8 << 30),)
+    slots: int = 1  # devices usable by shards side by side (GPUs)
+    throughput: dict[str, float] = field(default_factory=lambda: {"*": 1.0})
+    power: PowerModel = PowerModel(idle_w=10.0, max_w=65.0, alpha=2.5, levels=(1.0,))
+    energy_price: float = 0.2  # per kWh
+    carbon_g_kwh: float = 300.0
+    tasks: frozenset[str] | None = None  # task kinds served; None: any known
+    # -- identity and membership -------------------------------------------
+    trust: str = "volunteer"
+    membership: bytes = b""
+    region: str = ""
+    addrs: tuple[str, ...] = ()
+    bootstrap: tuple[str, ...] = ()
+    # -- gossip ------------------------------------------------------------
+    gossip_interval_s: float = 1.0
+    gossip_fanout: int = 2
+    gossip_entries: int = 8
+    state_ttl_s: float = 30.0
+    state_refresh_s: float = 10.0
+    max_view: int = 1024
+    # -- auction, leases, results ------------------------------------------
+    renew_interval_s: float = 2.0
+    lease_grace_s: float = 12.0  # abandon a shard whose client stopped acking
+    result_retry_s: float = 1.0
+    result_retries: int = 60
+    max_backlog_s: float = math.inf
+    queue_policy: str = "rho"
+    fairness_knob: float = 1.0  # 1: pure finish-time fairness; 0: shortest first
+    race_to_idle: bool = False
+    # -- safety ------------------------------------------------------------
+    max_skew_s: float = 60.0
+    allowed_tenants: frozenset[str] | None = None
+    tenant_cap_s: float = math.inf  # queued + running seconds per tenant
+    ledger_tau_s: float = 3600.0
+    max_message_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}")
+        if self.slots < 1 or self.gossip_fanout < 0 or self.gossip_interval_s <= 0:
+            raise ValueError("bad slots / gossip settings")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    bootstrap: tuple[str, ...] = ()
+    probe_ratio: float = 2.0  # peers asked per open shard (Sparrow's d)
+    probe_min: int = 3
+    probe_max: int = 32
+    bid_window_s: float = 0.5
+    retry_backoff_s: float = 0.5
+    retry_backoff_max_s: float = 8.0
+    lease_s: float = 8.0  # a lease lapses this long after the last renewal
+    max_attempts: int = 20
+    gossip_interval_s: float = 2.0
+    max_view: int = 1024
+    max_skew_s: float = 60.0
+    suspect_s: float = 60.0  # a peer whose lease lapsed is not invited for this long
+    min_trust: str = ""  # "datacenter": only trusted peers are invited
+    carbon_weight: float = 0.0  # joules-equivalent per gram of CO2 in the award rule
+    max_message_bytes: int = 4 * 1024 * 1024

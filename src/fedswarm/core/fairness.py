@@ -1,0 +1,54 @@
+"""Finish-time fairness (Themis) estimates and queue priorities.
+
+Themis's rho for a job is ``T_shared / T_alone`` where ``T_alone`` is the
+finish time the job would get on a private 1/N share of the cluster (N active
+tenants). A peer estimates both from what it knows:
+
+* ``T_alone``: the job's total work spread over its 1/N share of the swarm's
+  slots (from the view), but never shorter than one shard (bag jobs) or all
+  shards back to back (chain jobs);
+* ``T_shared``: time since the job was submitted, plus the wait and run time
+  still ahead of this shard here.
+
+Queue priority under policy ``rho`` is ``knob * log(rho / weight) -
+(1 - knob) * log(remaining)``: knob = 1 is pure finish-time fairness, knob = 0
+is shortest-remaining-first (efficiency). ``share`` orders by the tenant's
+ledger share over its weight (lowest first), ``fifo`` by arrival.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["alone_time", "estimate_rho", "priority"]
+
+
+def alone_time(work_s: float, shards: int, gpus: int, chain: bool, swarm_slots: float, tenants: int) -> float:
+    """Finish time of a job alone on a 1/``tenants`` share of ``swarm_slots``."""
+    share = max(swarm_slots / max(tenants, 1), 1e-9)
+    floor = work_s * shards if chain else work_s
+    fluid = work_s * shards * max(gpus, 1) / share
+    return max(floor, fluid, 1e-9)
+
+
+def estimate_rho(elapsed_s: float, ahead_s: float, t_alone: float) -> float:
+    return max(elapsed_s + ahead_s, 1e-9) / t_alone
+
+
+def priority(
+    policy: str,
+    *,
+    rho: float,
+    weight: float,
+    share: float,
+    remaining_s: float,
+    arrival: float,
+    knob: float,
+) -> tuple[float, float]:
+    """Sort key: smaller runs first."""
+    if policy == "fifo":
+        return (arrival, 0.0)
+    if policy == "share":
+        return (share / weight, arrival)
+    score = knob * math.log(max(rho / weight, 1e-12)) - (1.0 - knob) * math.log(max(remaining_s, 1e-9))
+    return (-score, arrival)

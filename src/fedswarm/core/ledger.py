@@ -1,0 +1,114 @@
+"""Tenant ledger: exponentially decayed GPU-seconds per tenant, as a CRDT.
+
+Theory of operation
+-------------------
+Each peer counts the work it ran for each tenant. A decayed counter
+``u(t) = sum_i w_i * exp(-(t - t_i) / tau)`` is not monotone, so it cannot be
+merged with ``max``. We store instead the *undecayed, time-weighted* sum
+``c = sum_i w_i * exp(t_i / tau)``, which only grows; ``u(t) = c * exp(-t/tau)``.
+To keep it finite for wall-clock times (``t / tau`` is ~5e5 for Unix time and
+tau = 1 h) the counter is kept in the log domain: ``L = log c``, updated with
+``logaddexp``.
+
+The replicated state is a map ``(tenant, peer) -> L`` where only ``peer``
+ever increases its own entries. Merge is entry-wise ``max``: commutative,
+associative and idempotent, so rows may arrive in any order, duplicated or
+relayed (a state-based G-counter of max-registers). A tenant's usage is the
+sum over peers; its share is usage / total usage.
+
+Rows travel inside each peer's signed ``PeerState`` (its own row only), so a
+peer cannot inflate or erase another peer's counts.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["Ledger", "NEG_INF"]
+
+NEG_INF = -1e300  # log(0) stand-in that msgpack and validators accept as finite
+
+
+def _logaddexp(a: float, b: float) -> float:
+    if a < b:
+        a, b = b, a
+    if b <= NEG_INF:
+        return a
+    return a + math.log1p(math.exp(b - a))
+
+
+class Ledger:
+    """Per-tenant decayed usage, merged across peers without coordination."""
+
+    def __init__(self, tau_s: float = 3600.0, max_rows: int = 100_000) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be positive")
+        self.tau_s = tau_s
+        self.max_rows = max_rows
+        self._entries: dict[tuple[str, str], float] = {}
+
+    # -- local updates -----------------------------------------------------
+
+    def add(self, peer: str, tenant: str, gpu_s: float, now: float) -> None:
+        """Record ``gpu_s`` GPU-seconds run by ``peer`` for ``tenant`` at ``now``."""
+        if gpu_s <= 0:
+            return
+        key = (tenant, peer)
+        val = math.log(gpu_s) + now / self.tau_s
+        self._entries[key] = _logaddexp(self._entries.get(key, NEG_INF), val)
+
+    # -- replication -------------------------------------------------------
+
+    def row(self, peer: str, limit: int = 64) -> dict[str, float]:
+        """``peer``'s own entries (tenant -> log counter), the ``limit`` largest."""
+        items = [(t, v) for (t, p), v in self._entries.items() if p == peer]
+        items.sort(key=lambda kv: (-kv[1], kv[0]))
+        return dict(items[:limit])
+
+    def merge_row(self, peer: str, row: dict[str, float]) -> None:
+        for tenant, val in row.items():
+            key = (tenant, peer)
+            if val > self._entries.get(key, NEG_INF):
+                self._entries[key] = val
+        if len(self._entries) > self.max_rows:
+            self._prune()
+
+    def merge(self, other: "Ledger") -> None:
+        """State-based merge: entry-wise max."""
+        for key, val in other._entries.items():
+            if val > self._entries.get(key, NEG_INF):
+                self._entries[key] = val
+
+    def _prune(self) -> None:
+        # keep the largest entries; a pruned entry is a negligible one
+        keep = sorted(self._entries.items(), key=lambda kv: -kv[1])[: self.max_rows // 2]
+        self._entries = dict(keep)
+
+    # -- queries -----------------------------------------------------------
+
+    def usage(self, now: float) -> dict[str, float]:
+        """Decayed GPU-seconds per tenant at ``now`` (sorted iteration order)."""
+        out: dict[str, float] = {}
+        shift = now / self.tau_s
+        for (tenant, _peer), val in sorted(self._entries.items()):
+            x = val - shift
+            if x > -700:
+                out[tenant] = out.get(tenant, 0.0) + math.exp(x)
+        return out
+
+    def shares(self, now: float) -> dict[str, float]:
+        usage = self.usage(now)
+        total = sum(usage.values())
+        if total <= 0:
+            return {}
+        return {t: u / total for t, u in usage.items()}
+
+    def state(self) -> dict[tuple[str, str], float]:
+        return dict(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ledger) and self._entries == other._entries
+
+    def __repr__(self) -> str:
+        tenants = {t for t, _ in self._entries}
+        return f"<Ledger {len(tenants)} tenants, {len(self._entries)} entries>"

@@ -1,0 +1,155 @@
+"""What peers and clients share: the view, gossip, the guard and counters.
+
+``Node`` is the base of ``PeerCore`` and ``ClientCore``. Its ``_receive``
+is the single place where bytes from the network become messages: it
+decodes, verifies, checks freshness and replays, and relabels any failure as
+a counted rejection, so no peer can crash or stall a core with its input.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+from ..errors import RemoteProtocolError
+from .events import Effect, Send
+from .identity import Identity
+from .ledger import Ledger
+from .view import View
+from .wire import Gossip, Message, PeerState, Signed, VerifyCache, decode, encode
+
+__all__ = ["Node", "Guard"]
+
+
+class Guard:
+    """Freshness and replay protection for signed direct messages.
+
+    A message is *stale* if its ``issued_at`` is more than ``max_skew_s`` away
+    from our clock; it is *replayed* if its ``(author, nonce)`` was seen
+    within the window. Entries older than the window are forgotten: a replay
+    of them is stale anyway.
+    """
+
+    def __init__(self, max_skew_s: float) -> None:
+        self.max_skew_s = max_skew_s
+        self._seen: dict[tuple[str, int], float] = {}
+        self._next_gc = 0.0
+
+    def check(self, author: str, nonce: int, issued_at: float, now: float) -> None:
+        if abs(now - issued_at) > self.max_skew_s:
+            raise RemoteProtocolError("stale", f"issued {issued_at - now:+.1f}s from now")
+        key = (author, nonce)
+        if key in self._seen:
+            raise RemoteProtocolError("replayed", author[:16])
+        self._seen[key] = issued_at
+        if now >= self._next_gc:
+            horizon = now - 2 * self.max_skew_s
+            self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
+            self._next_gc = now + self.max_skew_s
+
+
+class Node:
+    """Common state of a swarm participant (peer or client)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        rng: random.Random,
+        *,
+        max_view: int,
+        max_skew_s: float,
+        max_message_bytes: int,
+        ledger_tau_s: float = 3600.0,
+        verify_cache: VerifyCache | None = None,
+    ) -> None:
+        self.identity = identity
+        self.id = identity.peer_id
+        self.rng = rng
+        self.view = View(self.id, max_view)
+        self.ledger = Ledger(ledger_tau_s)
+        self.guard = Guard(max_skew_s)
+        self.max_skew_s = max_skew_s
+        self.max_message_bytes = max_message_bytes
+        self.verify_cache = verify_cache if verify_cache is not None else VerifyCache()
+        #: rejected inputs by reason tag (``bad-signature``, ``stale``, ...)
+        self.rejected: Counter[str] = Counter()
+        #: protocol events (``bids_sent``, ``shards_won``, ...)
+        self.stats: Counter[str] = Counter()
+
+    # -- encoding ----------------------------------------------------------
+
+    def _encode(self, msg: Message, now: float) -> bytes:
+        return encode(msg, self.identity if msg.SIGNED else None, issued_at=now, nonce=self.rng.getrandbits(63))
+
+    def _send(self, to: str, msg: Message, now: float) -> Send:
+        return Send(to, self._encode(msg, now), type(msg).__name__)
+
+    # -- receiving ---------------------------------------------------------
+
+    def _receive(self, now: float, sender: str, data: bytes) -> Signed | None:
+        """Decode and check one message; None (and a counter) if rejected."""
+        try:
+            signed = decode(data, max_bytes=self.max_message_bytes, cache=self.verify_cache)
+            msg = signed.msg
+            if isinstance(msg, Gossip):
+                return signed
+            if isinstance(msg, PeerState):
+                return signed  # freshness by seq/ttl in _merge_state
+            self.guard.check(signed.author, signed.nonce, signed.issued_at, now)
+            return signed
+        except RemoteProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            return None
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] += 1
+
+    # -- gossip ------------------------------------------------------------
+
+    def _merge_state(self, now: float, raw: bytes, signed: Signed | None = None) -> bool:
+        """Verify a relayed PeerState envelope and merge it; True if news."""
+        if signed is None:
+            try:
+                signed = decode(raw, max_bytes=self.max_message_bytes, cache=self.verify_cache)
+            except RemoteProtocolError as exc:
+                self.rejected[exc.reason] += 1
+                return False
+        st = signed.msg
+        if not isinstance(st, PeerState):
+            self.rejected["bad-gossip-entry"] += 1
+            return False
+        if signed.author == self.id:
+            return False
+        if signed.issued_at > now + self.max_skew_s:
+            self.rejected["stale"] += 1
+            return False
+        news = self.view.merge(signed.author, st, signed.issued_at, raw, now)
+        if news:
+            self.ledger.merge_row(signed.author, st.ledger)
+            self._on_state(now, signed.author, st)
+        return news
+
+    def _on_state(self, now: float, peer: str, state: PeerState) -> None:
+        """Hook: a new state of ``peer`` entered the view."""
+
+    def _handle_gossip(self, now: float, sender: str, g: Gossip) -> list[Effect]:
+        for raw in g.entries:
+            self._merge_state(now, raw)
+        if g.reply:
+            return [self._gossip_to(now, sender, reply=False)]
+        return []
+
+    def _own_entry(self, now: float) -> bytes | None:
+        """Our own signed state to gossip (None for clients)."""
+        return None
+
+    def _gossip_to(self, now: float, to: str, *, reply: bool, entries: int = 8) -> Send:
+        own = self._own_entry(now)
+        picked = self.view.sample_for_gossip(entries, self.rng, now, exclude=to)
+        raws = ([own] if own is not None else []) + [e.raw for e in picked]
+        self.stats["gossip_sent"] += 1
+        return Send(to, self._encode(Gossip(tuple(raws), reply), now), "Gossip")
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        return {"rejected": dict(self.rejected), **dict(self.stats)}

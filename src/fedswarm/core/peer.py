@@ -1,0 +1,665 @@
+"""PeerCore: the sans-IO agent of a peer that offers compute.
+
+Theory of operation
+-------------------
+A peer does four things, all driven by ``handle(now, input)`` and
+``poll(now)``, all returning effects:
+
+1. **Gossip.** Every ``gossip_interval_s`` it sends ``gossip_fanout`` peers
+   from its view its own signed ``PeerState`` plus ``gossip_entries`` others
+   (``core.view``). It re-signs its state when it changes noticeably or every
+   ``state_refresh_s``. On start and on leave it also publishes its state on
+   ``TOPIC_PEERS`` so joins and leaves spread at once.
+2. **Bidding.** On a ``CallForBids`` whose tenant-signed ``JobSpec`` it can
+   serve (task kind, devices, memory, tenant policy, not leaving), it answers
+   with a ``Bid``: the wait before the shards would start here given its
+   fairness-ordered queue, the run time at the frequency level chosen by
+   ``core.energy.choose_level``, and the energy and carbon per shard.
+3. **Leases.** An ``Award`` signed by the job's tenant and naming this peer
+   puts the shard in the local queue (state ``queued``). The queue is ordered
+   by ``core.fairness.priority``; when slots are free the head starts
+   (``RunShard``, state ``running``). Every ``renew_interval_s`` the peer
+   sends ``LeaseRenew``; the client answers ``LeaseAck``. A revoked lease
+   (``ok=False``) or a ``Cancel`` from the tenant drops the shard
+   (``CancelShard`` if it runs); a lease with no ack for ``lease_grace_s``
+   is abandoned (its client is gone), which garbage-collects orphaned work.
+4. **Results.** ``ShardFinished`` from the executor becomes a
+   ``ShardResult`` to the client, resent every ``result_retry_s`` until a
+   ``ResultAck`` (at most ``result_retries`` times). The GPU-seconds go into
+   the tenant ledger, whose own row rides in the next ``PeerState``.
+
+Lease states per (tenant, job, shard, attempt)::
+
+    (award) -> QUEUED -> RUNNING -> (finished: result outbox) -> gone
+               QUEUED/RUNNING --(revoked | cancel | abandoned | leave)--> gone
+
+``_TRANSITIONS`` below is the table; ``_move`` is the only place a lease
+changes state, and an illegal move is a ``LocalProtocolError`` (a bug).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LocalProtocolError, RemoteProtocolError
+from .config import PeerConfig
+from .energy import choose_level
+from .events import (
+    TOPIC_PEERS,
+    CancelShard,
+    Effect,
+    Input,
+    Leave,
+    MessageReceived,
+    Publish,
+    RunShard,
+    Send,
+    ShardFinished,
+)
+from .fairness import alone_time, estimate_rho, priority
+from .identity import Identity
+from .node import Node
+from .wire import (
+    Award,
+    AwardDecline,
+    Bid,
+    CallForBids,
+    Cancel,
+    Gossip,
+    JobSpec,
+    LeaseAck,
+    LeaseRenew,
+    PeerState,
+    PowerInfo,
+    ResultAck,
+    ShardResult,
+    Signed,
+    VerifyCache,
+    decode,
+)
+
+__all__ = ["PeerCore", "LeaseState"]
+
+
+class LeaseState:
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    DROPPED = "dropped"
+
+
+_TRANSITIONS: dict[tuple[str, str], str] = {
+    (LeaseState.QUEUED, "start"): LeaseState.RUNNING,
+    (LeaseState.QUEUED, "drop"): LeaseState.DROPPED,
+    (LeaseState.RUNNING, "finish"): LeaseState.DONE,
+    (LeaseState.RUNNING, "drop"): LeaseState.DROPPED,
+}
+
+LeaseKey = tuple[str, str, int, int]  # tenant, job_id, shard, attempt
+
+
+@dataclass(slots=True)
+class _Lease:
+    key: LeaseKey
+    job: JobSpec
+    job_raw: bytes
+    level: float
+    run_s: float
+    energy_j: float
+    carbon_g: float
+    accepted_at: float
+    last_ack_at: float
+    next_renew_at: float
+    state: str = LeaseState.QUEUED
+    started_at: float = 0.0
+
+    @property
+    def tenant(self) -> str:
+        return self.key[0]
+
+
+@dataclass(slots=True)
+class _Outbox:
+    client: str
+    msg: ShardResult
+    next_at: float
+    left: int
+
+
+@dataclass(slots=True)
+class _JobCache:
+    spec: JobSpec
+    raw: bytes
+    seen_at: float
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class PeerCore(Node):
+    """The peer agent's decision logic. See the module docstring."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: PeerConfig,
+        rng: random.Random,
+        *,
+        verify_cache: VerifyCache | None = None,
+    ) -> None:
+        super().__init__(
+            identity,
+            rng,
+            max_view=config.max_view,
+            max_skew_s=config.max_skew_s,
+            max_message_bytes=config.max_message_bytes,
+            ledger_tau_s=config.ledger_tau_s,
+            verify_cache=verify_cache,
+        )
+        self.config = config
+        self.leases: dict[LeaseKey, _Lease] = {}
+        self.outbox: dict[LeaseKey, _Outbox] = {}
+        self.leaving = False
+        self.started = False
+        self._seq = 0
+        self._own_raw: bytes | None = None
+        self._own_signed_at = -math.inf
+        self._own_fingerprint: tuple[Any, ...] = ()
+        self._next_gossip = 0.0
+        self._busy_slots = 0
+        self._tenant_load: dict[str, float] = {}
+        self.throughput = dict(config.throughput)
+        self.spans: tuple[Any, ...] = ()
+        self.now_w = config.power.idle_w
+
+    # ------------------------------------------------------------------
+    # public driving API
+
+    def start(self, now: float) -> list[Effect]:
+        self.started = True
+        self._next_gossip = now + self.rng.uniform(0, self.config.gossip_interval_s)
+        out: list[Effect] = []
+        raw = self._refresh_state(now, force=True)
+        out.append(Publish(TOPIC_PEERS, raw, "PeerState"))
+        for b in self.config.bootstrap:
+            if b != self.id:
+                out.append(self._gossip_to(now, b, reply=True, entries=self.config.gossip_entries))
+        return out
+
+    def handle(self, now: float, inp: Input) -> list[Effect]:
+        if isinstance(inp, MessageReceived):
+            return self._on_message(now, inp)
+        if isinstance(inp, ShardFinished):
+            return self._on_finished(now, inp)
+        if isinstance(inp, Leave):
+            return self._on_leave(now)
+        raise LocalProtocolError("bad-input", type(inp).__name__)
+
+    def poll(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        if now >= self._next_gossip:
+            self._next_gossip = now + self.config.gossip_interval_s
+            self.view.expire(now)
+            out.extend(self._gossip_round(now))
+        for lease in list(self.leases.values()):
+            if now - lease.last_ack_at > self.config.lease_grace_s:
+                self.stats["leases_abandoned"] += 1
+                out.extend(self._drop(lease))
+            elif now >= lease.next_renew_at:
+                lease.next_renew_at = now + self.config.renew_interval_s
+                out.append(self._send(lease.tenant, self._renew_msg(lease, now), now))
+        for key, ob in list(self.outbox.items()):
+            if now >= ob.next_at:
+                if ob.left <= 0:
+                    self.stats["results_undelivered"] += 1
+                    del self.outbox[key]
+                    continue
+                ob.left -= 1
+                ob.next_at = now + self.config.result_retry_s
+                out.append(self._send(ob.client, ob.msg, now))
+                self.stats["results_resent"] += 1
+        out.extend(self._schedule(now))
+        return out
+
+    def next_deadline(self) -> float:
+        t = self._next_gossip
+        cfg = self.config
+        for lease in self.leases.values():
+            t = min(t, lease.next_renew_at, lease.last_ack_at + cfg.lease_grace_s + 1e-6)
+        for ob in self.outbox.values():
+            t = min(t, ob.next_at)
+        return t
+
+    def set_throughput(self, kind: str, value: float) -> None:
+        """Executor feedback: measured speed for a task kind (1.0 = reference)."""
+        self.throughput[kind] = value
+
+    def set_power(self, now_w: float) -> None:
+        self.now_w = now_w
+
+    def set_spans(self, spans: tuple[Any, ...]) -> None:
+        self.spans = spans
+
+    @property
+    def backlog_s(self) -> float:
+        total = sum(self._remaining(lease, None) for lease in self.leases.values())
+        return total / self.config.slots
+
+    def __repr__(self) -> str:
+        q = sum(1 for lease in self.leases.values() if lease.state == LeaseState.QUEUED)
+        r = sum(1 for lease in self.leases.values() if lease.state == LeaseState.RUNNING)
+        return (
+            f"<PeerCore {self.id[:16]}… view={len(self.view)} queued={q} running={r} "
+            f"outbox={len(self.outbox)} leaving={self.leaving}>"
+        )
+
+    # ------------------------------------------------------------------
+    # own state and gossip
+
+    def _fingerprint(self) -> tuple[Any, ...]:
+        backlog = self.backlog_s
+        return (
+            round(math.log1p(backlog) * 4),
+            self.config.slots - self._busy_slots,
+            self.leaving,
+            tuple(sorted((k, round(v, 2)) for k, v in self.throughput.items())),
+            self.spans,
+        )
+
+    def _state(self) -> PeerState:
+        c = self.config
+        pm = c.power
+        return PeerState(
+            seq=self._seq,
+            ttl_s=c.state_ttl_s,
+            devices=c.devices,
+            slots=c.slots,
+            throughput=dict(self.throughput),
+            backlog_s=self.backlog_s,
+            power=PowerInfo(self.now_w, pm.idle_w, pm.max_w, pm.cap_w, pm.alpha, pm.levels),
+            energy_price=c.energy_price,
+            carbon_g_kwh=c.carbon_g_kwh,
+            spans=self.spans,
+            trust=c.trust,
+            membership=c.membership,
+            addrs=c.addrs,
+            region=c.region,
+            leaving=self.leaving,
+            ledger=self.ledger.row(self.id),
+        )
+
+    def _refresh_state(self, now: float, *, force: bool = False) -> bytes:
+        fp = self._fingerprint()
+        ledger_changed = self._own_raw is not None and self._ledger_dirty
+        if (
+            force
+            or self._own_raw is None
+            or fp != self._own_fingerprint
+            or ledger_changed
+            or now - self._own_signed_at >= self.config.state_refresh_s
+        ):
+            self._seq += 1
+            st = self._state()
+            self._own_raw = self._encode(st, now)
+            self._own_signed_at = now
+            self._own_fingerprint = fp
+            self._ledger_dirty = False
+            # keep ourselves in our own view, so a client asking us sees us
+            self.view.merge(self.id, st, now, self._own_raw, now)
+            self.stats["states_signed"] += 1
+        return self._own_raw
+
+    _ledger_dirty = False
+
+    def _own_entry(self, now: float) -> bytes | None:
+        return self._refresh_state(now)
+
+    def _gossip_round(self, now: float) -> list[Effect]:
+        peers = [p for p in self.view.peers() if p != self.id]
+        if not peers:
+            return [
+                self._gossip_to(now, b, reply=True, entries=self.config.gossip_entries)
+                for b in self.config.bootstrap
+                if b != self.id
+            ]
+        k = min(self.config.gossip_fanout, len(peers))
+        targets = self.rng.sample(peers, k)
+        want_reply = len(peers) < 2 * self.config.gossip_entries
+        return [self._gossip_to(now, t, reply=want_reply, entries=self.config.gossip_entries) for t in targets]
+
+    # ------------------------------------------------------------------
+    # messages
+
+    def _on_message(self, now: float, inp: MessageReceived) -> list[Effect]:
+        signed = self._receive(now, inp.sender, inp.data)
+        if signed is None:
+            return []
+        msg = signed.msg
+        try:
+            if isinstance(msg, Gossip):
+                return self._handle_gossip(now, inp.sender, msg)
+            if isinstance(msg, PeerState):
+                self._merge_state(now, inp.data, signed)
+                return []
+            if isinstance(msg, CallForBids):
+                return self._on_cfb(now, signed, msg)
+            if isinstance(msg, Award):
+                return self._on_award(now, signed, msg)
+            if isinstance(msg, LeaseAck):
+                return self._on_lease_ack(now, signed, msg)
+            if isinstance(msg, ResultAck):
+                key = (signed.author, msg.job_id, msg.shard, msg.attempt)
+                if self.outbox.pop(key, None) is not None:
+                    self.stats["results_acked"] += 1
+                else:
+                    self.stats["result_acks_unmatched"] += 1
+                return []
+            if isinstance(msg, Cancel):
+                return self._on_cancel(now, signed, msg)
+            raise RemoteProtocolError("unexpected-kind", type(msg).__name__)
+        except RemoteProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            return []
+
+    def _job_from(self, raw: bytes, now: float) -> tuple[JobSpec, str]:
+        signed = decode(raw, max_bytes=self.max_message_bytes, cache=self.verify_cache)
+        if not isinstance(signed.msg, JobSpec):
+            raise RemoteProtocolError("bad-field", "job is not a JobSpec")
+        return signed.msg, signed.author
+
+    def _can_serve(self, job: JobSpec, tenant: str) -> str:
+        c = self.config
+        if self.leaving:
+            return "leaving"
+        if c.allowed_tenants is not None and tenant not in c.allowed_tenants:
+            return "tenant-not-allowed"
+        if c.tasks is not None and job.task not in c.tasks:
+            return "task-not-served"
+        if job.gpus > c.slots:
+            return "too-many-gpus"
+        if job.mem_bytes > max((d.mem_total for d in c.devices), default=0):
+            return "not-enough-memory"
+        if self._tenant_load.get(tenant, 0.0) >= c.tenant_cap_s:
+            return "tenant-cap"
+        if self.backlog_s > c.max_backlog_s:
+            return "backlog"
+        return ""
+
+    def _speed(self, task: str) -> float:
+        return max(self.throughput.get(task, self.throughput.get("*", 1.0)), 1e-6)
+
+    def _swarm_slots(self, now: float) -> float:
+        return float(sum(e.state.slots for e in self.view.live(now))) or float(self.config.slots)
+
+    def _active_tenants(self, now: float) -> int:
+        tenants = {k[0] for k in self.leases}
+        tenants.update(t for t, s in self.ledger.shares(now).items() if s > 0.01)
+        return max(len(tenants), 1)
+
+    def _prio(self, job: JobSpec, tenant: str, now: float, ahead_s: float, shares: dict[str, float]) -> tuple[float, float]:
+        c = self.config
+        t_alone = alone_time(job.work_s, job.shards, job.gpus, job.chain, self._swarm_slots(now), self._active_tenants(now))
+        rho = estimate_rho(now - job.submitted_at, ahead_s, t_alone)
+        return priority(
+            c.queue_policy,
+            rho=rho,
+            weight=job.weight,
+            share=shares.get(tenant, 0.0),
+            remaining_s=job.work_s,
+            arrival=job.submitted_at,
+            knob=c.fairness_knob,
+        )
+
+    def _remaining(self, lease: _Lease, now: float | None) -> float:
+        if lease.state == LeaseState.RUNNING and now is not None:
+            return max(lease.run_s - (now - lease.started_at), 0.0) * lease.job.gpus
+        return lease.run_s * lease.job.gpus
+
+    def _wait_estimate(self, job: JobSpec, tenant: str, now: float) -> float:
+        """Seconds before a new shard of ``job`` would start here."""
+        shares = self.ledger.shares(now)
+        mine = self._prio(job, tenant, now, 0.0, shares)
+        ahead = 0.0
+        for lease in self.leases.values():
+            if lease.state == LeaseState.RUNNING:
+                ahead += self._remaining(lease, now)
+            elif self._prio(lease.job, lease.tenant, now, 0.0, shares) <= mine:
+                ahead += self._remaining(lease, now)
+        return ahead / self.config.slots
+
+    def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
+        job, tenant = self._job_from(cfb.job, now)
+        if tenant != signed.author:
+            raise RemoteProtocolError("not-tenant", "call for bids not from the job's tenant")
+        if any(s >= job.shards for s in cfb.shards) or not cfb.shards:
+            raise RemoteProtocolError("no-such-shard", job.job_id)
+        why = self._can_serve(job, tenant)
+        if why:
+            self.stats[f"no_bid_{why}"] += 1
+            return []
+        wait = self._wait_estimate(job, tenant, now)
+        work = job.work_s / self._speed(job.task)
+        deadline = None if job.deadline_s is None else job.submitted_at + job.deadline_s - now
+        choice = choose_level(
+            self.config.power,
+            work,
+            start_s=wait,
+            deadline_s=deadline,
+            lam=job.lam,
+            carbon_g_kwh=self.config.carbon_g_kwh,
+            time_weight=job.weight,
+            race_to_idle=self.config.race_to_idle,
+        )
+        gpus = max(job.gpus, 1)
+        bid = Bid(
+            job_id=job.job_id,
+            round=cfb.round,
+            shards=cfb.shards,
+            start_s=wait,
+            run_s=choice.run_s,
+            slots=max(self.config.slots // gpus, 1),
+            level=choice.level,
+            energy_j=choice.energy_j * gpus,
+            carbon_g=choice.carbon_g * gpus,
+            trust=self.config.trust,
+        )
+        self.stats["bids_sent"] += 1
+        return [self._send(tenant, bid, now)]
+
+    def _on_award(self, now: float, signed: Signed, award: Award) -> list[Effect]:
+        job, tenant = self._job_from(award.job, now)
+        if tenant != signed.author:
+            raise RemoteProtocolError("not-tenant", "award not from the job's tenant")
+        if award.peer != self.id:
+            raise RemoteProtocolError("not-for-us", "award names another peer")
+        if award.shard >= job.shards:
+            raise RemoteProtocolError("no-such-shard", job.job_id)
+        key: LeaseKey = (tenant, job.job_id, award.shard, award.attempt)
+        if key in self.leases or key in self.outbox:
+            self.stats["awards_duplicate"] += 1
+            return []
+        why = self._can_serve(job, tenant)
+        if why:
+            self.stats["awards_declined"] += 1
+            return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
+        work = job.work_s / self._speed(job.task)
+        run_s = work / award.level
+        e = self.config.power.energy(work, award.level) * max(job.gpus, 1)
+        lease = _Lease(
+            key=key,
+            job=job,
+            job_raw=award.job,
+            level=award.level,
+            run_s=run_s,
+            energy_j=e,
+            carbon_g=e / 3.6e6 * self.config.carbon_g_kwh,
+            accepted_at=now,
+            last_ack_at=now,
+            next_renew_at=now,  # tell the client at once that we hold it
+        )
+        self.leases[key] = lease
+        self._tenant_load[tenant] = self._tenant_load.get(tenant, 0.0) + run_s * max(job.gpus, 1)
+        self.stats["shards_won"] += 1
+        out: list[Effect] = []
+        out.extend(self._schedule(now))
+        if lease.next_renew_at <= now:
+            lease.next_renew_at = now + self.config.renew_interval_s
+            out.append(self._send(tenant, self._renew_msg(lease, now), now))
+        return out
+
+    def _renew_msg(self, lease: _Lease, now: float) -> LeaseRenew:
+        running = lease.state == LeaseState.RUNNING
+        eta = self._remaining(lease, now) / max(lease.job.gpus, 1)
+        if not running:
+            eta += self._wait_estimate(lease.job, lease.tenant, now)
+        return LeaseRenew(lease.job.job_id, lease.key[2], lease.key[3], running, eta)
+
+    def _on_lease_ack(self, now: float, signed: Signed, ack: LeaseAck) -> list[Effect]:
+        key = (signed.author, ack.job_id, ack.shard, ack.attempt)
+        lease = self.leases.get(key)
+        if lease is None:
+            self.stats["lease_acks_unmatched"] += 1
+            return []
+        if not ack.ok:
+            self.stats["leases_revoked"] += 1
+            return self._drop(lease) + self._schedule(now)
+        lease.last_ack_at = now
+        return []
+
+    def _on_cancel(self, now: float, signed: Signed, cancel: Cancel) -> list[Effect]:
+        out: list[Effect] = []
+        wanted = set(cancel.shards)
+        for key, lease in list(self.leases.items()):
+            # only the tenant's own jobs: the key starts with the author
+            if key[0] == signed.author and key[1] == cancel.job_id and (not wanted or key[2] in wanted):
+                self.stats["shards_cancelled"] += 1
+                out.extend(self._drop(lease))
+        for key in [k for k in self.outbox if k[0] == signed.author and k[1] == cancel.job_id]:
+            del self.outbox[key]
+        return out + self._schedule(now)
+
+    # ------------------------------------------------------------------
+    # queue and execution
+
+    def _move(self, lease: _Lease, event: str) -> None:
+        new = _TRANSITIONS.get((lease.state, event))
+        if new is None:
+            raise LocalProtocolError("bad-transition", f"{lease.state} --{event}-->")
+        lease.state = new
+
+    def _release(self, lease: _Lease) -> None:
+        self.leases.pop(lease.key, None)
+        load = self._tenant_load.get(lease.tenant, 0.0) - lease.run_s * max(lease.job.gpus, 1)
+        if load <= 1e-9:
+            self._tenant_load.pop(lease.tenant, None)
+        else:
+            self._tenant_load[lease.tenant] = load
+
+    def _drop(self, lease: _Lease) -> list[Effect]:
+        was_running = lease.state == LeaseState.RUNNING
+        self._move(lease, "drop")
+        self._release(lease)
+        if was_running:
+            self._busy_slots -= max(lease.job.gpus, 1)
+            t, j, s, a = lease.key
+            return [CancelShard(t, j, s, a)]
+        return []
+
+    def _schedule(self, now: float) -> list[Effect]:
+        free = self.config.slots - self._busy_slots
+        queued = [lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED]
+        if free <= 0 or not queued:
+            return []
+        shares = self.ledger.shares(now)
+        queued.sort(key=lambda lease: (self._prio(lease.job, lease.tenant, now, lease.run_s, shares), lease.key))
+        out: list[Effect] = []
+        for lease in queued:
+            need = max(lease.job.gpus, 1)
+            if need > free:
+                break  # head-of-line: a gang shard is not starved by smaller ones
+            self._move(lease, "start")
+            lease.started_at = now
+            free -= need
+            self._busy_slots += need
+            t, j, s, a = lease.key
+            self.stats["shards_started"] += 1
+            out.append(
+                RunShard(
+                    tenant=t,
+                    job_id=j,
+                    shard=s,
+                    attempt=a,
+                    task=lease.job.task,
+                    params=lease.job.params,
+                    work_s=lease.job.work_s,
+                    gpus=lease.job.gpus,
+                    mem_bytes=lease.job.mem_bytes,
+                    level=lease.level,
+                    run_s=lease.run_s,
+                )
+            )
+        return out
+
+    def _on_finished(self, now: float, fin: ShardFinished) -> list[Effect]:
+        key: LeaseKey = (fin.tenant, fin.job_id, fin.shard, fin.attempt)
+        lease = self.leases.get(key)
+        if lease is None or lease.state != LeaseState.RUNNING:
+            self.stats["finished_unknown"] += 1  # cancelled meanwhile
+            return []
+        self._move(lease, "finish")
+        self._release(lease)
+        self._busy_slots -= max(lease.job.gpus, 1)
+        run_s = fin.run_s if fin.run_s > 0 else now - lease.started_at
+        gpu_s = run_s * max(lease.job.gpus, 1)
+        energy = fin.energy_j if fin.energy_j > 0 else lease.energy_j
+        carbon = energy / 3.6e6 * self.config.carbon_g_kwh
+        if fin.ok:
+            self.ledger.add(self.id, lease.tenant, gpu_s, now)
+            self._ledger_dirty = True
+            self.stats["shards_run"] += 1
+            if run_s > 0 and lease.job.work_s > 0:
+                measured = lease.job.work_s / (run_s * lease.level)
+                old = self.throughput.get(lease.job.task)
+                if old is not None or lease.job.task in self.config.throughput:
+                    base = old if old is not None else measured
+                    self.throughput[lease.job.task] = 0.8 * base + 0.2 * measured
+        else:
+            self.stats["shards_failed"] += 1
+        msg = ShardResult(fin.job_id, fin.shard, fin.attempt, fin.ok, fin.result, fin.error[:1024], gpu_s, energy, carbon)
+        self.outbox[key] = _Outbox(lease.tenant, msg, now + self.config.result_retry_s, self.config.result_retries)
+        out: list[Effect] = [self._send(lease.tenant, msg, now)]
+        out.extend(self._schedule(now))
+        return out
+
+    def _on_leave(self, now: float) -> list[Effect]:
+        """Stop bidding; hand queued shards back; running ones keep going
+        (the driver waits for them up to its grace period)."""
+        self.leaving = True
+        out: list[Effect] = []
+        for lease in list(self.leases.values()):
+            if lease.state == LeaseState.QUEUED:
+                t, j, s, a = lease.key
+                self._drop(lease)
+                self.stats["shards_handed_back"] += 1
+                out.append(self._send(t, AwardDecline(j, s, a, "leaving"), now))
+        raw = self._refresh_state(now, force=True)
+        out.append(Publish(TOPIC_PEERS, raw, "PeerState"))
+        peers = [p for p in self.view.peers() if p != self.id]
+        for p in self.rng.sample(peers, min(len(peers), self.config.gossip_fanout * 2)):
+            out.append(self._gossip_to(now, p, reply=False, entries=0))
+        return out
+
+    def hand_back_running(self, now: float) -> list[Effect]:
+        """Grace period over: give back shards still running (driver calls it)."""
+        out: list[Effect] = []
+        for lease in list(self.leases.values()):
+            t, j, s, a = lease.key
+            out.extend(self._drop(lease))
+            out.append(self._send(t, AwardDecline(j, s, a, "leaving"), now))
+        return out
+
+    @property
+    def idle(self) -> bool:
+        """No lease held and no result waiting for its ack."""
+        return not self.leases and not self.outbox

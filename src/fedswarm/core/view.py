@@ -1,0 +1,134 @@
+"""The swarm view: the newest signed PeerState of each peer we know of.
+
+Rules
+-----
+1. Newest ``seq`` wins; equal or older ones are ignored (so replays of old
+   states are harmless and duplicates are free).
+2. An entry expires at ``issued_at + ttl_s`` by *our* clock (peers are assumed
+   loosely synchronised; the core rejects states issued too far in the
+   future). Relaying never extends a state's life, so a crashed peer drops out
+   of every view within one TTL and cannot be kept alive by gossip.
+3. A ``leaving`` state is a tombstone: the peer is not offered work, and the
+   tombstone keeps older states of it from resurrecting it until it expires.
+4. The view is bounded (``max_size``): when full, the entry that expires
+   soonest is evicted, never our own.
+
+Gossip is push anti-entropy with bounded fan-out (see ``Gossiper``): each
+interval a peer sends ``fanout`` peers its own state plus ``entries`` others,
+half of them the ones it learnt most recently (rumour spreading, so news
+travels in O(log N) rounds) and half uniformly at random (anti-entropy, so
+every entry is eventually refreshed). Bytes per peer per second are
+``fanout * (entries + 1) * size / interval`` whatever the swarm size.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .wire import PeerState
+
+__all__ = ["ViewEntry", "View"]
+
+
+@dataclass(slots=True)
+class ViewEntry:
+    peer: str
+    state: PeerState
+    issued_at: float
+    raw: bytes  # the signed envelope, relayed as is
+    learnt_at: float
+
+    @property
+    def expires_at(self) -> float:
+        return self.issued_at + self.state.ttl_s
+
+
+class View:
+    """Bounded map of peer id -> newest ``ViewEntry``."""
+
+    def __init__(self, self_id: str, max_size: int = 1024) -> None:
+        self.self_id = self_id
+        self.max_size = max_size
+        self._entries: dict[str, ViewEntry] = {}
+        self._sorted_cache: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, peer: str) -> bool:
+        return peer in self._entries
+
+    def get(self, peer: str) -> ViewEntry | None:
+        return self._entries.get(peer)
+
+    def merge(self, peer: str, state: PeerState, issued_at: float, raw: bytes, now: float) -> bool:
+        """Offer a verified state; return True if it was news (newer seq)."""
+        old = self._entries.get(peer)
+        if old is not None and old.state.seq >= state.seq:
+            return False
+        if issued_at + state.ttl_s <= now:
+            return False
+        if old is None:
+            if len(self._entries) >= self.max_size and not self._evict(now):
+                return False
+            self._sorted_cache = None
+        self._entries[peer] = ViewEntry(peer, state, issued_at, raw, now)
+        return True
+
+    def _evict(self, now: float) -> bool:
+        victims = [e for e in self._entries.values() if e.peer != self.self_id]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda e: (e.expires_at, e.peer))
+        del self._entries[victim.peer]
+        self._sorted_cache = None
+        return True
+
+    def expire(self, now: float) -> list[str]:
+        """Drop expired entries; return the ids dropped (sorted)."""
+        dead = sorted(p for p, e in self._entries.items() if e.expires_at <= now and p != self.self_id)
+        for p in dead:
+            del self._entries[p]
+        if dead:
+            self._sorted_cache = None
+        return dead
+
+    def remove(self, peer: str) -> None:
+        if self._entries.pop(peer, None) is not None:
+            self._sorted_cache = None
+
+    def peers(self) -> list[str]:
+        """Known peer ids in sorted order (deterministic iteration)."""
+        if self._sorted_cache is None:
+            self._sorted_cache = sorted(self._entries)
+        return self._sorted_cache
+
+    def live(self, now: float) -> list[ViewEntry]:
+        """Entries that are unexpired and not leaving, sorted by peer id."""
+        out = []
+        for p in self.peers():
+            e = self._entries[p]
+            if e.expires_at > now and not e.state.leaving:
+                out.append(e)
+        return out
+
+    def sample_for_gossip(self, k: int, rng: random.Random, now: float, exclude: str) -> list[ViewEntry]:
+        """Up to ``k`` entries: half most recently learnt, half uniform."""
+        cands = [
+            self._entries[p]
+            for p in self.peers()
+            if p != exclude and p != self.self_id and self._entries[p].expires_at > now
+        ]
+        if len(cands) <= k:
+            return cands
+        fresh_n = k // 2
+        by_fresh = sorted(cands, key=lambda e: (-e.learnt_at, e.peer))
+        chosen = by_fresh[:fresh_n]
+        chosen_ids = {e.peer for e in chosen}
+        rest = [e for e in cands if e.peer not in chosen_ids]
+        chosen.extend(rng.sample(rest, k - fresh_n))
+        return chosen
+
+    def __repr__(self) -> str:
+        return f"<View {len(self._entries)} peers>"

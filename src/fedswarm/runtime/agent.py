@@ -1,0 +1,256 @@
+"""The trio shell around the sans-IO cores.
+
+``serve_core`` is the only event loop of a peer or client: it feeds what the
+transport delivers and what the executor finishes into the core, performs
+the effects the core returns, and sleeps until the core's next deadline.
+The same loop drives ``PeerCore`` (daemon, tests) and ``ClientCore``
+(``fedswarm.client``).
+
+Concurrency: one nursery per agent. Sends run as short tasks bounded by a
+``trio.CapacityLimiter`` so a slow or dead peer never stalls the loop; each
+running shard runs in its own task under its own cancel scope, its torch
+work in a worker thread (``ShardRunner``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import trio
+
+from ..core.client import ClientCore
+from ..core.events import (
+    CancelShard,
+    Effect,
+    Input,
+    JobFinished,
+    Leave,
+    MessageReceived,
+    Publish,
+    RunShard,
+    Send,
+    ShardDelivered,
+    ShardFinished,
+)
+from ..core.peer import PeerCore
+from ..errors import TransportError
+from .ports import Transport
+
+__all__ = ["Agent", "ShardRunner", "WallClock", "TrioClock", "AgentStats"]
+
+log = logging.getLogger("fedswarm.agent")
+
+
+class ShardRunner(Protocol):
+    """Runs one shard; returns the ``ShardFinished`` to feed back."""
+
+    async def run_shard(self, eff: RunShard) -> ShardFinished: ...
+
+
+class WallClock:
+    """Unix time: what peers on different hosts can compare."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+class TrioClock:
+    """trio's clock plus an offset (virtual time under ``MockClock``)."""
+
+    def __init__(self, offset: float = 1_700_000_000.0) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return trio.current_time() + self.offset
+
+
+@dataclass
+class AgentStats:
+    msgs_in: int = 0
+    msgs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    send_failures: int = 0
+    by_kind_out: dict[str, int] = field(default_factory=dict)
+
+
+class Agent:
+    """Drives one core over one transport.
+
+    Args:
+        core: a ``PeerCore`` or ``ClientCore``.
+        transport: any ``runtime.ports.Transport``.
+        runner: executes ``RunShard`` effects (peers only).
+        clock: object with ``now()``; ``WallClock`` by default.
+        on_effect: called for client-side effects (``ShardDelivered``,
+            ``JobFinished``) and anything the agent does not perform itself.
+    """
+
+    def __init__(
+        self,
+        core: PeerCore | ClientCore,
+        transport: Transport,
+        *,
+        runner: ShardRunner | None = None,
+        clock: Any = None,
+        on_effect: Callable[[Effect], None] | None = None,
+        max_concurrent_sends: int = 64,
+    ) -> None:
+        self.core = core
+        self.transport = transport
+        self.runner = runner
+        self.clock = clock or WallClock()
+        self.on_effect = on_effect
+        self.stats = AgentStats()
+        self._wake = trio.Event()
+        self._progress = trio.Event()
+        self._send_limiter = trio.CapacityLimiter(max_concurrent_sends)
+        self._running: dict[tuple[str, str, int, int], trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+        self._stopped = trio.Event()
+        self.started = trio.Event()
+
+    # ------------------------------------------------------------------
+
+    def now(self) -> float:
+        return float(self.clock.now())
+
+    def feed(self, inp: Input) -> None:
+        """Hand an input to the core and perform its effects (sync, no await)."""
+        self._perform(self.core.handle(self.now(), inp))
+
+    def call(self, fn: Callable[[float], Any]) -> Any:
+        """Run ``fn(now)`` against the core (e.g. ``client.submit``) and
+        perform the effects it returns. ``fn`` returns effects, or a tuple
+        whose last item is the effects."""
+        res = fn(self.now())
+        if isinstance(res, tuple):
+            self._perform(res[-1])
+            return res[0] if len(res) == 2 else res[:-1]
+        self._perform(res)
+        return None
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled (or ``stop()``)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if isinstance(self.core, PeerCore):
+                await self.transport.subscribe("fedswarm/peers/1")
+            self._perform(self.core.start(self.now()))
+            nursery.start_soon(self._receive_loop)
+            nursery.start_soon(self._timer_loop)
+            self.started.set()
+            task_status.started()
+            await self._stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def leave(self, grace_s: float = 10.0) -> None:
+        """Graceful leave: stop bidding, hand back queued shards, let running
+        ones finish for up to ``grace_s``, hand back the rest, then wait
+        (bounded) for results to be acknowledged."""
+        core = self.core
+        assert isinstance(core, PeerCore)
+        self.feed(Leave())
+        with trio.move_on_after(grace_s):
+            while core.leases or core.outbox:
+                await self._changed()
+        if core.leases:
+            self._perform(core.hand_back_running(self.now()))
+        # let the hand-back messages go out
+        with trio.move_on_after(1.0):
+            while self._send_limiter.borrowed_tokens:
+                await trio.sleep(0.01)
+
+    async def _changed(self) -> None:
+        """Wait until the core next produces effects (bounded)."""
+        ev = self._progress
+        with trio.move_on_after(0.5):
+            await ev.wait()
+
+    # ------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            inc = await self.transport.receive()
+            self.stats.msgs_in += 1
+            self.stats.bytes_in += len(inc.data)
+            self._perform(self.core.handle(self.now(), MessageReceived(inc.sender, inc.data, inc.topic)))
+
+    async def _timer_loop(self) -> None:
+        while True:
+            deadline = self.core.next_deadline()
+            delay = deadline - self.now()
+            if delay > 0:
+                self._wake = trio.Event()
+                with trio.move_on_after(min(delay, 3600.0)):
+                    await self._wake.wait()
+                continue
+            self._perform(self.core.poll(self.now()))
+            await trio.lowlevel.checkpoint()
+
+    def _perform(self, effects: list[Effect]) -> None:
+        nursery = self._nursery
+        assert nursery is not None, "agent not running"
+        for e in effects:
+            if isinstance(e, Send):
+                self.stats.msgs_out += 1
+                self.stats.bytes_out += len(e.data)
+                self.stats.by_kind_out[e.kind] = self.stats.by_kind_out.get(e.kind, 0) + 1
+                nursery.start_soon(self._send, e.to, e.data)
+            elif isinstance(e, Publish):
+                nursery.start_soon(self._publish, e.topic, e.data)
+            elif isinstance(e, RunShard):
+                nursery.start_soon(self._run_shard, e)
+            elif isinstance(e, CancelShard):
+                scope = self._running.pop((e.tenant, e.job_id, e.shard, e.attempt), None)
+                if scope is not None:
+                    scope.cancel()
+            elif self.on_effect is not None:
+                self.on_effect(e)
+        self._wake.set()
+        self._progress.set()
+        self._progress = trio.Event()
+
+    async def _send(self, to: str, data: bytes) -> None:
+        async with self._send_limiter:
+            try:
+                await self.transport.send(to, data)
+            except TransportError as exc:
+                self.stats.send_failures += 1
+                log.debug("send to %s failed: %s", to[:16], exc)
+
+    async def _publish(self, topic: str, data: bytes) -> None:
+        try:
+            await self.transport.publish(topic, data)
+        except TransportError as exc:
+            log.debug("publish failed: %s", exc)
+
+    async def _run_shard(self, eff: RunShard) -> None:
+        key = (eff.tenant, eff.job_id, eff.shard, eff.attempt)
+        with trio.CancelScope() as scope:
+            self._running[key] = scope
+            try:
+                if self.runner is None:
+                    fin = ShardFinished(eff.tenant, eff.job_id, eff.shard, eff.attempt, False, error="no executor")
+                else:
+                    fin = await self.runner.run_shard(eff)
+            except Exception as exc:  # a task's failure is the shard's, never the agent's
+                log.warning("shard %s/%d failed: %r", eff.job_id, eff.shard, exc)
+                fin = ShardFinished(eff.tenant, eff.job_id, eff.shard, eff.attempt, False, error=repr(exc)[:500])
+            if self._running.pop(key, None) is not None:
+                self._perform(self.core.handle(self.now(), fin))
+
+
+async def wait_for(predicate: Callable[[], bool], *, poll_s: float = 0.01, timeout: float = math.inf) -> None:
+    """Wait (bounded) until ``predicate()`` holds, checking every ``poll_s``."""
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(poll_s)
+
