@@ -632,13 +632,26 @@ def encode(
     issued_at: float,
     nonce: int,
     extras: dict[str, Any] | None = None,
+    check: bool = True,
 ) -> bytes:
-    """Encode and sign ``msg`` as ``identity`` (``None`` only for unsigned kinds)."""
+    """Encode and sign ``msg`` as ``identity`` (``None`` only for unsigned kinds).
+
+    Raises:
+        LocalProtocolError: ``msg`` would not pass the receiver's validation
+            (unless ``check=False``, which tests use to craft bad input).
+    """
     if identity is None and msg.SIGNED:
         raise LocalProtocolError("unsigned", f"{type(msg).__name__} must be signed")
     author = identity.peer_id if identity is not None else ""
+    body = msg.to_body()
+    if check:
+        # refuse to send what a receiver would refuse (h11: validate eagerly)
+        try:
+            type(msg).from_body(msgpack.unpackb(msgpack.packb(body, use_bin_type=True), raw=False))
+        except RemoteProtocolError as exc:
+            raise LocalProtocolError(exc.reason, exc.detail) from None
     payload = msgpack.packb(
-        [VERSION, msg.KIND, author, float(issued_at), nonce, msg.to_body(), extras or {}],
+        [VERSION, msg.KIND, author, float(issued_at), nonce, body, extras or {}],
         use_bin_type=True,
     )
     sig = identity.sign(payload) if identity is not None else b""

@@ -1,0 +1,145 @@
+"""Seeded mini swarms of cores: view convergence and the auction under faults."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedswarm.core.client import JobRequest
+from fedswarm.core.config import PeerConfig
+from helpers import MiniSwarm
+
+
+def live_ids(s: MiniSwarm) -> set[str]:
+    return {p for p in s.peers if p not in s.dead}
+
+
+def test_views_converge_and_forget_crashed_peers() -> None:
+    s = MiniSwarm(30, seed=3)
+    s.step_until(s.now + 20)
+    ids = live_ids(s)
+    for p in ids:
+        assert {e.peer for e in s.peers[p].view.live(s.now)} == ids
+    victim = sorted(ids)[5]
+    s.crash(victim)
+    ttl = PeerConfig().state_ttl_s
+    s.step_until(s.now + ttl + 2)
+    for p in live_ids(s):
+        assert victim not in {e.peer for e in s.peers[p].view.live(s.now)}
+
+
+def test_gossip_bandwidth_does_not_grow_with_swarm_size() -> None:
+    per_peer = []
+    for n in (20, 80):
+        s = MiniSwarm(n, seed=1)
+        s.step_until(s.now + 10)  # join phase
+        b0 = s.bytes_sent
+        s.step_until(s.now + 30)
+        per_peer.append((s.bytes_sent - b0) / n / 30)
+    assert per_peer[1] < per_peer[0] * 1.5, per_peer
+
+
+def run_job(s: MiniSwarm, shards: int, work_s: float = 3.0, chain: bool = False, until: float = 2000) -> str:
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    jid, eff = c.submit(s.now, JobRequest("sim", shards, work_s=work_s, chain=chain))
+    s._perform(c.id, eff)
+    s.step_until(s.now + until, stop=lambda: jid in s.finished)
+    return jid
+
+
+def delivered_once(s: MiniSwarm, jid: str, shards: int) -> None:
+    got = sorted(d.shard for d in s.delivered if d.job_id == jid)
+    assert got == list(range(shards)), got
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_auction_under_loss_and_duplication(seed: int) -> None:
+    s = MiniSwarm(12, seed=seed, loss=0.05, dup=0.05)
+    s.step_until(s.now + 10)
+    jid = run_job(s, 40)
+    assert s.finished[jid].ok
+    delivered_once(s, jid, 40)
+
+
+def test_auction_survives_crashes_mid_job() -> None:
+    s = MiniSwarm(10, seed=7)
+    s.step_until(s.now + 10)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    jid, eff = c.submit(s.now, JobRequest("sim", 30, work_s=10.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 3)
+    holders = sorted(p for p, core in s.peers.items() if core.leases)
+    for p in holders[:3]:
+        s.crash(p)
+    s.step_until(s.now + 3000, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
+    delivered_once(s, jid, 30)
+    assert c.stats["leases_lapsed"] >= 3
+
+
+def test_chain_jobs_run_in_order() -> None:
+    s = MiniSwarm(6, seed=4)
+    s.step_until(s.now + 10)
+    jid = run_job(s, 5, work_s=2.0, chain=True)
+    order = [d.shard for d in s.delivered if d.job_id == jid]
+    assert order == list(range(5))
+
+
+def test_cancel_stops_work_everywhere() -> None:
+    s = MiniSwarm(5, seed=5)
+    s.step_until(s.now + 10)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    jid, eff = c.submit(s.now, JobRequest("sim", 10, work_s=50.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5)
+    assert any(p.leases for p in s.peers.values())
+    s._perform(c.id, c.cancel(s.now, jid))
+    s.step_until(s.now + 5)
+    assert not any(p.leases for p in s.peers.values())
+    assert s.finished[jid].error == "cancelled"
+
+
+def test_abandoned_work_is_garbage_collected_when_client_vanishes() -> None:
+    s = MiniSwarm(4, seed=6)
+    s.step_until(s.now + 10)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    jid, eff = c.submit(s.now, JobRequest("sim", 8, work_s=100.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5)
+    assert any(p.leases for p in s.peers.values())
+    s.crash(c.id)
+    s.step_until(s.now + PeerConfig().lease_grace_s + 5)
+    assert not any(p.leases for p in s.peers.values())
+    assert sum(p.stats["leases_abandoned"] for p in s.peers.values()) >= 1
+
+
+def test_forged_and_misdirected_messages_are_counted_not_fatal() -> None:
+    from fedswarm.core.events import MessageReceived
+    from fedswarm.core.wire import Award, JobSpec, ShardResult, encode
+    from helpers import ident
+
+    s = MiniSwarm(3, seed=8)
+    s.step_until(s.now + 5)
+    victim_id, victim = sorted(s.peers.items())[0]
+    other_id = sorted(s.peers)[1]
+    mallory = ident(666)
+    job = encode(JobSpec("j", "sim", 2, False, 1.0, 1, 0, None, 1.0, 0.0, s.now, b"\x80"), mallory, issued_at=s.now, nonce=1)
+    # an award naming another peer
+    eff = victim.handle(s.now, MessageReceived(mallory.peer_id, encode(Award(job, other_id, 0, 0, 5.0, 1.0), mallory, issued_at=s.now, nonce=2)))
+    assert eff == [] and victim.rejected["not-for-us"] == 1
+    # an award for a shard that does not exist
+    victim.handle(s.now, MessageReceived(mallory.peer_id, encode(Award(job, victim_id, 7, 0, 5.0, 1.0), mallory, issued_at=s.now, nonce=3)))
+    assert victim.rejected["no-such-shard"] == 1
+    # a result for a shard never leased, sent to a client
+    c = s.add_client()
+    c.handle(s.now, MessageReceived(mallory.peer_id, encode(ShardResult("j", 0, 0, True, b"", "", 1.0, 1.0, 1.0), mallory, issued_at=s.now, nonce=4)))
+    assert c.rejected["unsolicited-result"] == 1
+    # a replay of an accepted message
+    raw = encode(Award(job, victim_id, 1, 0, 5.0, 1.0), mallory, issued_at=s.now, nonce=5)
+    victim.handle(s.now, MessageReceived(mallory.peer_id, raw))
+    victim.handle(s.now, MessageReceived(mallory.peer_id, raw))
+    assert victim.rejected["replayed"] == 1
+    assert not victim.leases or len(victim.leases) == 1

@@ -1,0 +1,220 @@
+"""Codec properties: round trips, garbage input, forgery, replay, staleness."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedswarm.core.identity import Identity, peer_id_from_public_bytes, public_bytes_from_peer_id
+from fedswarm.core.node import Guard
+from fedswarm.core.wire import (
+    KINDS,
+    Award,
+    Bid,
+    CallForBids,
+    Cancel,
+    Device,
+    Gossip,
+    JobSpec,
+    LeaseAck,
+    PeerState,
+    PowerInfo,
+    ShardResult,
+    Span,
+    VerifyCache,
+    decode,
+    encode,
+    pack_params,
+)
+from fedswarm.errors import LocalProtocolError, RemoteProtocolError
+
+ALICE = Identity.from_seed(bytes(range(32)))
+MALLORY = Identity.from_seed(bytes(range(1, 33)))
+
+names = st.text(min_size=1, max_size=20)
+pos = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+small = st.integers(min_value=0, max_value=1000)
+
+peer_states = st.builds(
+    PeerState,
+    seq=st.integers(0, 2**40),
+    ttl_s=st.floats(0.1, 1000),
+    devices=st.lists(st.builds(Device, st.sampled_from(["cpu", "cuda"]), names, small, small, small), max_size=3).map(tuple),
+    slots=st.integers(0, 64),
+    throughput=st.dictionaries(names, pos, max_size=4),
+    backlog_s=pos,
+    power=st.builds(PowerInfo, pos, pos, pos, pos, st.floats(0.5, 5), st.lists(st.floats(0.01, 1), min_size=1, max_size=5).map(tuple)),
+    energy_price=pos,
+    carbon_g_kwh=st.floats(0, 1e4),
+    spans=st.lists(st.builds(lambda m, a, n, t: Span(m, a, a + n, t), names, small, st.integers(1, 10), pos), max_size=2).map(tuple),
+    trust=st.sampled_from(["volunteer", "datacenter"]),
+    membership=st.binary(max_size=64),
+    addrs=st.lists(names, max_size=3).map(tuple),
+    region=st.text(max_size=8),
+    leaving=st.booleans(),
+    ledger=st.dictionaries(names, st.floats(-1e6, 1e6), max_size=4),
+)
+job_specs = st.builds(
+    JobSpec,
+    job_id=names,
+    task=names,
+    shards=st.integers(1, 1000),
+    chain=st.booleans(),
+    work_s=pos,
+    gpus=st.integers(0, 8),
+    mem_bytes=st.integers(0, 2**40),
+    deadline_s=st.none() | pos,
+    weight=st.floats(0.01, 100),
+    lam=st.floats(0, 10),
+    submitted_at=st.floats(-1e9, 1e9),
+    params=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3).map(pack_params),
+)
+shard_ids = st.lists(st.integers(0, 1000), min_size=1, max_size=10).map(tuple)
+messages = st.one_of(
+    peer_states,
+    job_specs,
+    st.builds(CallForBids, st.binary(max_size=100), shard_ids, small),
+    st.builds(Bid, names, small, shard_ids, pos, pos, st.integers(1, 8), st.floats(0.01, 1), pos, pos, st.just("volunteer")),
+    st.builds(Award, st.binary(max_size=100), names, small, small, st.floats(0.01, 100), st.floats(0.01, 1)),
+    st.builds(LeaseAck, names, small, small, st.booleans(), pos),
+    st.builds(ShardResult, names, small, small, st.booleans(), st.binary(max_size=100), st.text(max_size=20), pos, pos, pos),
+    st.builds(Cancel, names, st.lists(small, max_size=5).map(tuple)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.floats(-1e9, 1e9), st.integers(0, 2**63))
+def test_round_trip(msg, issued_at, nonce) -> None:
+    try:
+        data = encode(msg, ALICE, issued_at=issued_at, nonce=nonce)
+    except LocalProtocolError:
+        # the sender refuses exactly what a receiver would refuse
+        with pytest.raises(RemoteProtocolError):
+            decode(encode(msg, ALICE, issued_at=issued_at, nonce=nonce, check=False))
+        return
+    got = decode(data)
+    assert got.msg == msg
+    assert got.author == ALICE.peer_id
+    assert got.nonce == nonce
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=512))
+def test_garbage_is_a_typed_error(data) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.data())
+def test_any_bit_flip_is_rejected_or_identical(msg, data) -> None:
+    try:
+        raw = bytearray(encode(msg, ALICE, issued_at=1.0, nonce=1))
+    except LocalProtocolError:
+        return
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] ^= 1 << data.draw(st.integers(0, 7))
+    try:
+        got = decode(bytes(raw))
+    except RemoteProtocolError:
+        return
+    # a flip can only survive if it did not touch the signed payload's meaning
+    assert got.msg == msg and got.author == ALICE.peer_id
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8) | st.binary(max_size=8),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=4), max_leaves=20))
+def test_wrong_shapes_are_rejected(obj) -> None:
+    for payload in (msgpack.packb(obj), msgpack.packb([b"", msgpack.packb(obj)]), msgpack.packb([b"x" * 64, msgpack.packb([1, 5, ALICE.peer_id, 1.0, 1, obj, {}])])):
+        with pytest.raises(RemoteProtocolError):
+            decode(payload)
+
+
+def test_forged_author_is_rejected() -> None:
+    job = JobSpec("j", "t", 1, False, 1.0, 1, 0, None, 1.0, 0.0, 0.0, b"\x80")
+    raw = encode(job, MALLORY, issued_at=1.0, nonce=1)
+    sig, payload = msgpack.unpackb(raw)
+    fields = msgpack.unpackb(payload)
+    fields[2] = ALICE.peer_id  # claim to be Alice, keep Mallory's signature
+    forged = msgpack.packb([sig, msgpack.packb(fields)])
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(forged)
+    assert exc.value.reason == "bad-signature"
+
+
+def test_unsigned_claims_are_rejected_and_cannot_be_made() -> None:
+    job = JobSpec("j", "t", 1, False, 1.0, 1, 0, None, 1.0, 0.0, 0.0, b"\x80")
+    with pytest.raises(LocalProtocolError):
+        encode(job, None, issued_at=1.0, nonce=1)
+    raw = encode(job, ALICE, issued_at=1.0, nonce=1)
+    _, payload = msgpack.unpackb(raw)
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(msgpack.packb([b"", payload]))
+    assert exc.value.reason == "unsigned"
+    # gossip containers are the one unsigned kind
+    assert decode(encode(Gossip((), True), None, issued_at=1.0, nonce=1)).msg == Gossip((), True)
+
+
+def test_oversize_unknown_kind_and_version() -> None:
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(b"\x00" * 100, max_bytes=10)
+    assert exc.value.reason == "oversize"
+    payload = msgpack.packb([1, 99, ALICE.peer_id, 1.0, 1, [], {}])
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(msgpack.packb([ALICE.sign(payload), payload]))
+    assert exc.value.reason == "unknown-kind"
+    payload = msgpack.packb([2, 3, ALICE.peer_id, 1.0, 1, [], {}])
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(msgpack.packb([ALICE.sign(payload), payload]))
+    assert exc.value.reason == "bad-version"
+
+
+def test_guard_rejects_replays_and_stale_messages() -> None:
+    g = Guard(max_skew_s=30.0)
+    g.check("a", 1, 100.0, 100.0)
+    with pytest.raises(RemoteProtocolError) as exc:
+        g.check("a", 1, 100.0, 101.0)
+    assert exc.value.reason == "replayed"
+    g.check("b", 1, 100.0, 101.0)  # nonces are per author
+    with pytest.raises(RemoteProtocolError) as exc:
+        g.check("a", 2, 50.0, 101.0)
+    assert exc.value.reason == "stale"
+    with pytest.raises(RemoteProtocolError) as exc:
+        g.check("a", 3, 200.0, 101.0)
+    assert exc.value.reason == "stale"
+    # after the window the cache forgets, but the message is stale by then
+    with pytest.raises(RemoteProtocolError) as exc:
+        g.check("a", 1, 100.0, 500.0)
+    assert exc.value.reason == "stale"
+
+
+def test_verify_cache_skips_repeat_verification_only_for_identical_bytes() -> None:
+    cache = VerifyCache(capacity=4)
+    raw = encode(Cancel("j", ()), ALICE, issued_at=1.0, nonce=1)
+    decode(raw, cache=cache)
+    decode(raw, cache=cache)
+    assert cache.hits == 1
+    tampered = raw[:-1] + bytes([raw[-1] ^ 1])
+    with pytest.raises(RemoteProtocolError):
+        decode(tampered, cache=cache)
+
+
+def test_peer_id_round_trip_and_rejects_non_ed25519() -> None:
+    for _ in range(20):
+        i = Identity.from_seed(random.Random(_).randbytes(32))
+        assert public_bytes_from_peer_id(i.peer_id) == i.public_bytes()
+        assert peer_id_from_public_bytes(i.public_bytes()) == i.peer_id
+        assert i.peer_id.startswith("12D3KooW")
+    with pytest.raises(RemoteProtocolError):
+        public_bytes_from_peer_id("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N")
+    with pytest.raises(RemoteProtocolError):
+        public_bytes_from_peer_id("not base58 0OIl")
+
+
+def test_every_kind_is_registered_once() -> None:
+    assert sorted(KINDS) == list(range(1, len(KINDS) + 1))
