@@ -222,6 +222,7 @@ async def open_client(
         await nursery.start(agent.run)
         try:
             yield client
+            await agent.drain(2.0)  # acknowledgements still on their way out
         finally:
             agent.stop()
 

@@ -618,12 +618,6 @@ class PeerCore(Node):
             self.ledger.add(self.id, lease.tenant, gpu_s, now)
             self._ledger_dirty = True
             self.stats["shards_run"] += 1
-            if run_s > 0 and lease.job.work_s > 0:
-                measured = lease.job.work_s / (run_s * lease.level)
-                old = self.throughput.get(lease.job.task)
-                if old is not None or lease.job.task in self.config.throughput:
-                    base = old if old is not None else measured
-                    self.throughput[lease.job.task] = 0.8 * base + 0.2 * measured
         else:
             self.stats["shards_failed"] += 1
         msg = ShardResult(fin.job_id, fin.shard, fin.attempt, fin.ok, fin.result, fin.error[:1024], gpu_s, energy, carbon)

@@ -110,6 +110,8 @@ class Agent:
         self._progress = trio.Event()
         self._send_limiter = trio.CapacityLimiter(max_concurrent_sends)
         self._running: dict[tuple[str, str, int, int], trio.CancelScope] = {}
+        self._addr_seq: dict[str, int] = {}
+        self._sends_in_flight = 0
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self.started = trio.Event()
@@ -163,10 +165,13 @@ class Agent:
                 await self._changed()
         if core.leases:
             self._perform(core.hand_back_running(self.now()))
-        # let the hand-back messages go out
-        with trio.move_on_after(1.0):
-            while self._send_limiter.borrowed_tokens:
-                await trio.sleep(0.01)
+        await self.drain(1.0)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until every queued send has been tried."""
+        with trio.move_on_after(timeout):
+            while self._sends_in_flight:
+                await self._changed()
 
     async def _changed(self) -> None:
         """Wait until the core next produces effects (bounded)."""
@@ -203,6 +208,7 @@ class Agent:
                 self.stats.msgs_out += 1
                 self.stats.bytes_out += len(e.data)
                 self.stats.by_kind_out[e.kind] = self.stats.by_kind_out.get(e.kind, 0) + 1
+                self._sends_in_flight += 1
                 nursery.start_soon(self._send, e.to, e.data)
             elif isinstance(e, Publish):
                 nursery.start_soon(self._publish, e.topic, e.data)
@@ -218,13 +224,29 @@ class Agent:
         self._progress.set()
         self._progress = trio.Event()
 
+    def _learn_addrs(self, peer: str) -> None:
+        """Tell the transport how to dial a peer the view knows about."""
+        entry = self.core.view.get(peer)
+        if entry is None or not entry.state.addrs:
+            return
+        if self._addr_seq.get(peer) == entry.state.seq:
+            return
+        self._addr_seq[peer] = entry.state.seq
+        self.transport.add_peer_addrs(peer, list(entry.state.addrs))
+
     async def _send(self, to: str, data: bytes) -> None:
-        async with self._send_limiter:
-            try:
+        self._learn_addrs(to)
+        try:
+            async with self._send_limiter:
                 await self.transport.send(to, data)
-            except TransportError as exc:
-                self.stats.send_failures += 1
-                log.debug("send to %s failed: %s", to[:16], exc)
+        except TransportError as exc:
+            self.stats.send_failures += 1
+            log.debug("send to %s failed: %s", to[:16], exc)
+        finally:
+            self._sends_in_flight -= 1
+            if not self._sends_in_flight:
+                self._progress.set()
+                self._progress = trio.Event()
 
     async def _publish(self, topic: str, data: bytes) -> None:
         try:

@@ -1,0 +1,168 @@
+"""``peer start``: one peer of a real swarm, on py-libp2p, executing on torch.
+
+``serve_peer(options)`` wires the concrete parts around the core: the key
+file, the profile, a ``Libp2pTransport``, a ``ShardExecutor``, the trio
+``Agent``, and the metrics/status HTTP server. It prints one line with its
+full multiaddr once it accepts connections, and on SIGINT/SIGTERM leaves
+gracefully (stop bidding, hand back queued shards, let running ones finish
+within ``grace_s``, hand back the rest, tell the swarm) and returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import trio
+
+from .core.events import RunShard, ShardFinished
+from .core.identity import Identity, load_or_create_key
+from .core.peer import PeerCore
+from .core.wire import unpack_params
+from .profiles import load_profile
+from .runtime.agent import Agent
+
+__all__ = ["PeerOptions", "serve_peer", "ExecutorRunner", "JsonLogFormatter"]
+
+log = logging.getLogger("fedswarm.daemon")
+
+
+@dataclass
+class PeerOptions:
+    profile: str
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    bootstrap: list[str] = field(default_factory=list)
+    key: str | None = None
+    data_dir: str = ".fedswarm"
+    metrics_port: int | None = None
+    grace_s: float = 10.0
+    serve_model: str | None = None
+    blocks: str | None = None
+    torch_threads: int | None = None
+
+
+class ExecutorRunner:
+    """Runs ``RunShard`` effects on a ``ShardExecutor`` (torch, off the loop)."""
+
+    def __init__(self, executor: Any, core: PeerCore) -> None:
+        self.executor = executor
+        self.core = core
+
+    async def run_shard(self, eff: RunShard) -> ShardFinished:
+        params = unpack_params(eff.params)  # strict limits; never pickle
+        res = await self.executor.run(eff.task, params, eff.shard)
+        energy = res.energy_joules
+        if energy is None:
+            energy = self.core.config.power.power(eff.level) * res.wall_seconds
+        thr = self.executor.throughput().get(eff.task)
+        if thr:
+            self.core.set_throughput(eff.task, thr)
+        result = msgpack.packb(res.result, use_bin_type=True)
+        return ShardFinished(eff.tenant, eff.job_id, eff.shard, eff.attempt, True, result, run_s=res.wall_seconds, energy_j=energy)
+
+
+class JsonLogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        extra = getattr(record, "fields", None)
+        if isinstance(extra, dict):
+            out.update(extra)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _event(msg: str, **fields: Any) -> None:
+    log.info(msg, extra={"fields": fields})
+
+
+async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> int:
+    from .net.libp2p import open_libp2p_transport
+    from .runtime.executor import ShardExecutor
+
+    if opts.torch_threads:
+        import torch
+
+        torch.set_num_threads(opts.torch_threads)
+    data_dir = Path(opts.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    identity: Identity = load_or_create_key(opts.key or data_dir / "peer.key")
+    profile = load_profile(opts.profile)
+    t0 = time.monotonic()
+    async with open_libp2p_transport(identity, opts.listen, bootstrap=tuple(opts.bootstrap)) as transport:
+        boot_ids = []
+        for addr in opts.bootstrap:
+            try:
+                with trio.fail_after(10):
+                    boot_ids.append(await transport.connect(addr))
+            except Exception as exc:  # an unreachable bootstrap is logged, not fatal
+                _event("bootstrap unreachable", addr=addr, error=repr(exc))
+        config = profile.peer_config(addrs=tuple(transport.listen_addrs()), bootstrap=tuple(boot_ids))
+        core = PeerCore(identity, config, random.Random())
+        executor = ShardExecutor(slots=config.slots, power_model=config.power.max_w)
+        agent = Agent(core, transport, runner=ExecutorRunner(executor, core))
+        serving = None
+        if opts.serve_model:
+            from .llm_serving import start_block_server
+
+            serving = await start_block_server(transport, core, opts.serve_model, opts.blocks)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            if opts.metrics_port is not None:
+                port = await nursery.start(_serve_metrics, opts.metrics_port, agent)
+                print(f"fedswarm metrics on http://127.0.0.1:{port}/metrics", flush=True)
+                _event("metrics listening", url=f"http://127.0.0.1:{port}/metrics")
+            for addr in transport.listen_addrs():
+                print(f"fedswarm peer listening on {addr}", flush=True)
+            _event(
+                "peer started",
+                peer=identity.peer_id,
+                profile=profile.name,
+                addrs=transport.listen_addrs(),
+                bootstrap=len(boot_ids),
+                startup_s=round(time.monotonic() - t0, 3),
+                serving=serving,
+            )
+            task_status.started(transport.listen_addrs())
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    _event("leaving", signal=signal.Signals(signum).name, leases=len(core.leases))
+                    break
+            await agent.leave(grace_s=opts.grace_s)
+            _event(
+                "left",
+                shards_run=core.stats["shards_run"],
+                handed_back=core.stats["shards_handed_back"],
+                results_pending=len(core.outbox),
+            )
+            nursery.cancel_scope.cancel()
+    return 0
+
+
+async def _serve_metrics(port: int, agent: Agent, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    from .metrics import serve_http
+
+    await serve_http(port, agent, task_status=task_status)
+
+
+def setup_logging(fmt: str = "json", level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
