@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -38,25 +39,34 @@ class PeerProcess:
     def peer_id(self) -> str:
         return self.addr.rsplit("/p2p/", 1)[-1]
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        sel = selectors.DefaultSelector()
+    def __post_init__(self) -> None:
+        # a reader thread per daemon: select() on a buffered text pipe can miss
+        # lines already pulled into Python's buffer
+        self._lines: "queue.Queue[str | None]" = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
         assert self.proc.stdout is not None
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the daemon printed its multiaddr (bounded)."""
         deadline = time.monotonic() + timeout
         while not self.addr:
             left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
+            try:
+                line = self._lines.get(timeout=max(left, 0.001))
+            except queue.Empty:
+                line = None
+            if line is None:
                 raise RuntimeError(f"peer in {self.data_dir} not ready (exit={self.proc.poll()}): {self.lines[-5:]}")
-            if sel.select(timeout=min(left, 1.0)):
-                line = self.proc.stdout.readline()
-                if not line:
-                    continue
-                self.lines.append(line.rstrip())
-                if line.startswith("fedswarm metrics on "):
-                    self.metrics_url = line.split()[-1].rsplit("/", 1)[0]
-                if line.startswith("fedswarm peer listening on "):
-                    self.addr = line.split()[-1]
-        sel.close()
+            self.lines.append(line)
+            if line.startswith("fedswarm metrics on "):
+                self.metrics_url = line.split()[-1].rsplit("/", 1)[0]
+            if line.startswith("fedswarm peer listening on "):
+                self.addr = line.split()[-1]
 
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.metrics_url + "/status", timeout=5) as r:
