@@ -153,6 +153,10 @@ class LocalSwarm:
         return self.peers[0].addr
 
     def close(self) -> list[int]:
+        """SIGTERM every daemon at once, then collect their exit codes."""
+        for p in self.peers:
+            if p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGTERM)
         return [p.terminate() for p in self.peers]
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install fedswarm with pinned dev dependencies.
+# torch is pinned to the CPU wheel in constraints.txt; see README.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.fedswarm-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]' transformers
+    touch "$stamp"
+fi
