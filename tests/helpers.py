@@ -24,6 +24,7 @@ from fedswarm.core.events import (
     ShardFinished,
 )
 from fedswarm.core.identity import Identity
+from fedswarm.core.membership import issue_membership
 from fedswarm.core.peer import PeerCore
 from fedswarm.core.wire import VerifyCache
 
@@ -42,6 +43,10 @@ class MiniSwarm:
     peer_config: Callable[[int], PeerConfig] | None = None
     client_config: ClientConfig = field(default_factory=ClientConfig)
     now: float = 1000.0
+    #: peer index -> probability that it returns a wrong result
+    liars: dict[int, float] = field(default_factory=dict)
+    #: peer indices admitted by the test federation (trusted)
+    trusted: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -50,10 +55,14 @@ class MiniSwarm:
         self.cache = VerifyCache()
         ids = [ident(i, self.seed) for i in range(self.n)]
         boot = (ids[0].peer_id,)
+        self.federation = ident(424242)
+        feds = frozenset({self.federation.peer_id})
+        self.liar_ids = {ids[i].peer_id: p for i, p in self.liars.items()}
         self.peers: dict[str, PeerCore] = {}
         for i, idn in enumerate(ids):
             cfg = self.peer_config(i) if self.peer_config else PeerConfig()
-            cfg = PeerConfig(**{**cfg.__dict__, "bootstrap": boot})
+            member = issue_membership(self.federation, idn.peer_id, 1e12) if i in self.trusted else b""
+            cfg = PeerConfig(**{**cfg.__dict__, "bootstrap": boot, "federations": feds, "membership": member})
             self.peers[idn.peer_id] = PeerCore(idn, cfg, random.Random(self.seed * 1000 + i), verify_cache=self.cache)
         self.clients: dict[str, ClientCore] = {}
         self.dead: set[str] = set()
@@ -67,7 +76,8 @@ class MiniSwarm:
 
     def add_client(self, i: int = 0, **kw: Any) -> ClientCore:
         idn = ident(10_000 + i, self.seed)
-        cfg = ClientConfig(**{**self.client_config.__dict__, "bootstrap": (next(iter(sorted(self.peers))),), **kw})
+        cfg = ClientConfig(**{**self.client_config.__dict__, "bootstrap": (next(iter(sorted(self.peers))),),
+                              "federations": frozenset({self.federation.peer_id}), **kw})
         c = ClientCore(idn, cfg, random.Random(self.seed + 77 + i), verify_cache=self.cache)
         self.clients[idn.peer_id] = c
         self._perform(idn.peer_id, c.start(self.now))
@@ -129,7 +139,10 @@ class MiniSwarm:
                     key = (pid, e.tenant, e.job_id, e.shard, e.attempt)
                     if pid in self.dead or self.running.get(key) != gen:
                         continue
-                    fin = ShardFinished(e.tenant, e.job_id, e.shard, e.attempt, True, b"r%d" % e.shard, run_s=e.run_s)
+                    result = b"r%d" % e.shard
+                    if self.rng.random() < self.liar_ids.get(pid, 0.0):
+                        result = b"wrong-%d" % self.rng.randrange(10**6)
+                    fin = ShardFinished(e.tenant, e.job_id, e.shard, e.attempt, True, result, run_s=e.run_s)
                     self._perform(pid, self.peers[pid].handle(self.now, fin))
             for pid, n in nodes:
                 if pid not in self.dead and n.next_deadline() <= self.now:

@@ -41,11 +41,12 @@ from typing import Any
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
-from .events import Effect, Input, JobFinished, MessageReceived, Send, ShardDelivered
+from .events import TOPIC_ACCUSATIONS, Effect, Input, JobFinished, MessageReceived, Publish, Send, ShardDelivered
 from .identity import Identity
 from .node import Node
 from .view import ViewEntry
 from .wire import (
+    Accusation,
     Award,
     AwardDecline,
     Bid,
@@ -78,6 +79,7 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.BIDDING, "award"): ShardState.AWARDED,
     (ShardState.BIDDING, "no-bid"): ShardState.OPEN,
     (ShardState.AWARDED, "reopen"): ShardState.OPEN,
+    (ShardState.AWARDED, "verify"): ShardState.OPEN,  # held result awaits a second opinion
     (ShardState.AWARDED, "result"): ShardState.DONE,
     # a result from an earlier attempt may land while the shard is re-auctioned
     (ShardState.OPEN, "result"): ShardState.DONE,
@@ -113,6 +115,9 @@ class _Shard:
     failures: int = 0
     holders: dict[int, str] = field(default_factory=dict)  # attempt -> peer
     round: int = -1
+    # verification: results held until a quorum of distinct peers agrees
+    candidates: list[tuple[str, int, ShardResult, bytes]] = field(default_factory=list)
+    exclude: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -157,10 +162,16 @@ class ClientCore(Node):
             max_skew_s=config.max_skew_s,
             max_message_bytes=config.max_message_bytes,
             verify_cache=verify_cache,
+            rate_per_s=config.rate_per_s,
+            rate_burst=config.rate_burst,
+            federations=config.federations,
         )
         self.config = config
         self.jobs: dict[str, _Job] = {}
         self._suspect: dict[str, float] = {}
+        #: agreed results per untrusted peer (drives how often it is checked)
+        self.reputation: dict[str, float] = {}
+        self._accused: set[str] = set()  # peers accused with a trusted witness
         self._next_gossip = 0.0
         self._counter = 0
 
@@ -230,6 +241,9 @@ class ClientCore(Node):
                 return self._on_result(now, signed, msg)
             if isinstance(msg, AwardDecline):
                 return self._on_decline(now, signed, msg)
+            if isinstance(msg, Accusation):
+                self._handle_accusation(now, signed, msg)
+                return []
             raise RemoteProtocolError("unexpected-kind", type(msg).__name__)
         except RemoteProtocolError as exc:
             self.rejected[exc.reason] += 1
@@ -304,7 +318,7 @@ class ClientCore(Node):
         out = []
         for e in self.view.live(now):
             st = e.state
-            if e.peer == self.id or self._suspect.get(e.peer, 0.0) > now:
+            if e.peer == self.id or e.peer in self.banned or self._suspect.get(e.peer, 0.0) > now:
                 continue
             if st.slots < job.gpus:
                 continue
@@ -332,7 +346,8 @@ class ClientCore(Node):
             self.stats["rounds_no_candidates"] += 1
             return out
         cfg = self.config
-        want = min(max(int(math.ceil(cfg.probe_ratio * len(open_))), cfg.probe_min), cfg.probe_max, len(cands))
+        excluded = max((len(s.exclude) for s in open_), default=0)
+        want = min(max(int(math.ceil(cfg.probe_ratio * len(open_))), cfg.probe_min) + excluded, cfg.probe_max, len(cands))
         pool = self.rng.sample(cands, min(len(cands), 2 * want))
         pool.sort(key=lambda e: (e.state.backlog_s / max(e.state.slots, 1), e.peer))
         invited = [e.peer for e in pool[:want]]
@@ -390,11 +405,13 @@ class ClientCore(Node):
                 continue
             best: tuple[float, str, Bid] | None = None
             for peer, bid in bidders:
-                if i not in bid.shards:
+                if i not in bid.shards or peer in sh.exclude or peer in self.banned:
                     continue
                 k = assigned.get(peer, 0)
                 finish = bid.start_s + (k // bid.slots + 1) * bid.run_s
                 cost = spec.weight * finish + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g)
+                if sh.candidates and self.is_trusted(peer):
+                    cost -= 1e12  # a second opinion from a trusted peer settles it
                 if best is None or (cost, peer) < (best[0], best[1]):
                     best = (cost, peer, bid)
             if best is None:
@@ -465,31 +482,118 @@ class ClientCore(Node):
             raise RemoteProtocolError("unsolicited-result", msg.job_id)
         job, sh = found
         ack = self._send(signed.author, ResultAck(msg.job_id, msg.shard, msg.attempt), now)
-        if job.finished or sh.state == ShardState.DONE:
+        if job.finished or sh.state == ShardState.DONE or any(c[1] == msg.attempt for c in sh.candidates):
             self.stats["results_duplicate"] += 1
             return [ack]
         out: list[Effect] = [ack]
+        current = sh.state == ShardState.AWARDED and sh.attempt == msg.attempt
         if not msg.ok:
             self.stats["results_failed"] += 1
-            if sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
+            if current:
                 sh.failures += 1
                 if sh.failures >= self.config.max_attempts:
-                    job.finished = True
-                    job.finished_at = now
-                    out.append(JobFinished(job.spec.job_id, False, f"shard {sh.index} failed: {msg.error}"))
-                    out.extend(self._cancel_others(now, job, sh, None))
+                    out.extend(self._fail(now, job, sh, f"shard {sh.index} failed: {msg.error}"))
                     return out
                 self._reopen(job, sh)
                 out.extend(self._advance(now, job))
             return out
+        author = signed.author
+        if not sh.candidates:
+            if not self._wants_check(author):
+                self.stats["results_unchecked"] += 1
+                return out + self._accept(now, job, sh, author, msg)
+            # hold the result and ask another peer for the same shard
+            sh.candidates.append((author, msg.attempt, msg, signed.raw))
+            sh.exclude.add(author)
+            self.stats["verifications"] += 1
+            if current:
+                self._move(sh, "verify")
+                sh.attempt = max(sh.holders, default=-1) + 1
+                sh.peer = ""
+                job.next_round_at = -math.inf
+            return out + self._advance(now, job)
+        sh.candidates.append((author, msg.attempt, msg, signed.raw))
+        sh.exclude.add(author)
+        return out + self._settle(now, job, sh, current)
+
+    def _wants_check(self, peer: str) -> bool:
+        cfg = self.config
+        if cfg.verify == "none" or self.is_trusted(peer):
+            return False
+        if cfg.verify == "always":
+            return True
+        rep = self.reputation.get(peer, 0.0)
+        rate = max(cfg.verify_min_rate, 1.0 - rep / cfg.verify_trust_after)
+        return self.rng.random() < rate
+
+    def _settle(self, now: float, job: _Job, sh: _Shard, current: bool) -> list[Effect]:
+        """Decide a shard from the results collected for it, if they allow."""
+        groups: dict[bytes, list[tuple[str, int, ShardResult, bytes]]] = {}
+        for cand in sh.candidates:
+            groups.setdefault(cand[2].result, []).append(cand)
+        winner: list[tuple[str, int, ShardResult, bytes]] | None = None
+        for members in groups.values():
+            if any(self.is_trusted(c[0]) for c in members) or len(members) >= self.config.quorum:
+                if winner is None or len(members) > len(winner):
+                    winner = members
+        if winner is None:
+            if len(sh.candidates) >= self.config.max_replicas:
+                self.stats["verify_inconclusive"] += 1
+                return self._fail(now, job, sh, f"shard {sh.index}: {len(sh.candidates)} results, no quorum")
+            if current:
+                self._move(sh, "verify")
+                sh.attempt = max(sh.holders, default=-1) + 1
+                sh.peer = ""
+                job.next_round_at = -math.inf
+            return self._advance(now, job)
+        out: list[Effect] = []
+        good = {c[0] for c in winner}
+        for peer in sorted(good):
+            self.reputation[peer] = self.reputation.get(peer, 0.0) + 1.0
+        value = winner[0][2].result
+        for cand in sh.candidates:
+            if cand[2].result != value:
+                out.extend(self._caught(now, job, sh, cand, winner))
+        first = winner[0]
+        self.stats["results_verified"] += 1
+        return out + self._accept(now, job, sh, first[0], first[2])
+
+    def _caught(self, now: float, job: _Job, sh: _Shard, liar: tuple[str, int, ShardResult, bytes],
+                winner: list[tuple[str, int, ShardResult, bytes]]) -> list[Effect]:
+        peer = liar[0]
+        witnessed = any(self.is_trusted(c[0]) for c in winner)
+        if peer not in self.banned:
+            self.stats["liars_caught"] += 1
+            self.reputation[peer] = -math.inf
+            self.ban(peer)
+        elif peer in self._accused or not witnessed:
+            return []  # results it returned before we caught it add nothing
+        if len(winner) < 2:
+            return []  # a single trusted witness convinces us, not the swarm
+        if witnessed:
+            self._accused.add(peer)
+        evidence = (liar[3],) + tuple(c[3] for c in winner)
+        acc = Accusation(job.spec.job_id, sh.index, peer, evidence)
+        self.stats["accusations_published"] += 1
+        return [Publish(TOPIC_ACCUSATIONS, self._encode(acc, now), "Accusation")]
+
+    def _fail(self, now: float, job: _Job, sh: _Shard, error: str) -> list[Effect]:
+        job.finished = True
+        job.finished_at = now
+        out: list[Effect] = [JobFinished(job.spec.job_id, False, error)]
+        out.extend(self._cancel_others(now, job, sh, None))
+        return out
+
+    def _accept(self, now: float, job: _Job, sh: _Shard, peer: str, msg: ShardResult) -> list[Effect]:
+        """Deliver a shard's result (exactly once) and move the job on."""
         others_attempt = sh.attempt if sh.state == ShardState.AWARDED else None
         self._move(sh, "result")
-        sh.peer = signed.author
+        sh.peer = peer
         job.done += 1
         self.stats["shards_delivered"] += 1
-        out.append(
-            ShardDelivered(msg.job_id, msg.shard, signed.author, msg.attempt, msg.result, msg.energy_j, msg.carbon_g, msg.gpu_s)
-        )
+        out: list[Effect] = [
+            ShardDelivered(msg.job_id, msg.shard, peer, msg.attempt, msg.result, msg.energy_j, msg.carbon_g, msg.gpu_s)
+        ]
         if others_attempt is not None and others_attempt != msg.attempt:
             out.extend(self._cancel_others(now, job, sh, msg.attempt))
         if job.done == len(job.shards):

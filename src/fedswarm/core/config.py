@@ -55,6 +55,9 @@ class PeerConfig:
     tenant_cap_s: float = math.inf  # queued + running seconds per tenant
     ledger_tau_s: float = 3600.0
     max_message_bytes: int = 4 * 1024 * 1024
+    rate_per_s: float = 200.0  # messages per second accepted from one sender
+    rate_burst: float = 400.0
+    federations: frozenset[str] = frozenset()  # federation keys whose members we trust
 
     def __post_init__(self) -> None:
         if self.queue_policy not in QUEUE_POLICIES:
@@ -81,3 +84,18 @@ class ClientConfig:
     min_trust: str = ""  # "datacenter": only trusted peers are invited
     carbon_weight: float = 0.0  # joules-equivalent per gram of CO2 in the award rule
     max_message_bytes: int = 4 * 1024 * 1024
+    rate_per_s: float = 500.0
+    rate_burst: float = 1000.0
+    federations: frozenset[str] = frozenset()
+    # -- verification of results from untrusted peers ----------------------
+    verify: str = "auto"  # "none" | "auto" (by reputation) | "always"
+    quorum: int = 2  # agreeing results from distinct peers that settle a shard
+    verify_min_rate: float = 0.1  # spot-check rate for well-reputed peers
+    verify_trust_after: float = 20.0  # agreed results after which checks reach the min rate
+    max_replicas: int = 5  # results collected for one shard before giving up
+
+    def __post_init__(self) -> None:
+        if self.verify not in ("none", "auto", "always"):
+            raise ValueError("verify must be none, auto or always")
+        if self.quorum < 2 or self.max_replicas < self.quorum:
+            raise ValueError("quorum >= 2 and max_replicas >= quorum")

@@ -32,9 +32,11 @@ __all__ = [
     "ShardDelivered",
     "JobFinished",
     "TOPIC_PEERS",
+    "TOPIC_ACCUSATIONS",
 ]
 
 TOPIC_PEERS = "fedswarm/peers/1"
+TOPIC_ACCUSATIONS = "fedswarm/accusations/1"
 
 
 class Input:

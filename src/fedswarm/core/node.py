@@ -17,9 +17,36 @@ from .events import Effect, Send
 from .identity import Identity
 from .ledger import Ledger
 from .view import View
-from .wire import Gossip, Message, PeerState, Signed, VerifyCache, decode, encode
+from .membership import check_membership
+from .wire import Accusation, Gossip, Message, PeerState, ShardResult, Signed, VerifyCache, decode, encode
 
-__all__ = ["Node", "Guard"]
+__all__ = ["Node", "Guard", "RateLimiter"]
+
+
+class RateLimiter:
+    """Token bucket per sender: ``rate`` messages/s, bursts up to ``burst``.
+
+    Bounded memory: when more than ``max_senders`` are tracked, the fullest
+    buckets (senders that have been quiet) are forgotten first.
+    """
+
+    def __init__(self, rate: float, burst: float, max_senders: int = 4096) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_senders = max_senders
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def allow(self, sender: str, now: float) -> bool:
+        tokens, last = self._buckets.get(sender, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        if tokens < 1.0:
+            self._buckets[sender] = (tokens, now)
+            return False
+        self._buckets[sender] = (tokens - 1.0, now)
+        if len(self._buckets) > self.max_senders:
+            keep = sorted(self._buckets.items(), key=lambda kv: kv[1][0])[: self.max_senders // 2]
+            self._buckets = dict(keep)
+        return True
 
 
 class Guard:
@@ -62,6 +89,9 @@ class Node:
         max_message_bytes: int,
         ledger_tau_s: float = 3600.0,
         verify_cache: VerifyCache | None = None,
+        rate_per_s: float = 200.0,
+        rate_burst: float = 400.0,
+        federations: frozenset[str] = frozenset(),
     ) -> None:
         self.identity = identity
         self.id = identity.peer_id
@@ -76,6 +106,10 @@ class Node:
         self.rejected: Counter[str] = Counter()
         #: protocol events (``bids_sent``, ``shards_won``, ...)
         self.stats: Counter[str] = Counter()
+        self.limiter = RateLimiter(rate_per_s, rate_burst)
+        self.federations = federations
+        #: peers proven to have returned wrong results (excluded from work)
+        self.banned: set[str] = set()
 
     # -- encoding ----------------------------------------------------------
 
@@ -89,6 +123,9 @@ class Node:
 
     def _receive(self, now: float, sender: str, data: bytes) -> Signed | None:
         """Decode and check one message; None (and a counter) if rejected."""
+        if not self.limiter.allow(sender, now):
+            self.rejected["rate-limited"] += 1
+            return None
         try:
             signed = decode(data, max_bytes=self.max_message_bytes, cache=self.verify_cache)
             msg = signed.msg
@@ -124,7 +161,11 @@ class Node:
         if signed.issued_at > now + self.max_skew_s:
             self.rejected["stale"] += 1
             return False
-        news = self.view.merge(signed.author, st, signed.issued_at, raw, now)
+        if signed.author in self.banned:
+            self.rejected["banned"] += 1
+            return False
+        trusted = check_membership(st.membership, signed.author, now, self.federations)
+        news = self.view.merge(signed.author, st, signed.issued_at, raw, now, trusted=trusted)
         if news:
             self.ledger.merge_row(signed.author, st.ledger)
             self._on_state(now, signed.author, st)
@@ -150,6 +191,49 @@ class Node:
         raws = ([own] if own is not None else []) + [e.raw for e in picked]
         self.stats["gossip_sent"] += 1
         return Send(to, self._encode(Gossip(tuple(raws), reply), now), "Gossip")
+
+    def is_trusted(self, peer: str) -> bool:
+        e = self.view.get(peer)
+        return e is not None and e.trusted
+
+    def _handle_accusation(self, now: float, signed: Signed, acc: Accusation) -> bool:
+        """Check an accusation's evidence; ban the accused if it holds.
+
+        The evidence must be signed results for one shard in which the
+        accused's result differs from a group of at least two other peers
+        that agree, and that group must include a peer *we* trust: a tenant
+        with sybils cannot frame an honest peer without a trusted witness.
+        Returns True if the accused is newly banned.
+        """
+        if acc.accused in self.banned or acc.accused == self.id:
+            return False
+        results: dict[str, bytes] = {}
+        for raw in acc.evidence:
+            try:
+                ev = decode(raw, max_bytes=self.max_message_bytes, cache=self.verify_cache)
+            except RemoteProtocolError:
+                raise RemoteProtocolError("bad-evidence", "unverifiable result") from None
+            r = ev.msg
+            if not isinstance(r, ShardResult) or r.job_id != acc.job_id or r.shard != acc.shard or not r.ok:
+                raise RemoteProtocolError("bad-evidence", "not a result for this shard")
+            results[ev.author] = r.result
+        if acc.accused not in results:
+            raise RemoteProtocolError("bad-evidence", "no result from the accused")
+        bad = results.pop(acc.accused)
+        agreeing = [p for p, r in results.items() if r != bad]
+        values = {results[p] for p in agreeing}
+        if len(agreeing) < 2 or len(values) != 1:
+            raise RemoteProtocolError("bad-evidence", "no agreeing quorum against the accused")
+        if not any(self.is_trusted(p) for p in agreeing):
+            self.stats["accusations_unwitnessed"] += 1
+            return False
+        self.ban(acc.accused)
+        self.stats["accusations_accepted"] += 1
+        return True
+
+    def ban(self, peer: str) -> None:
+        self.banned.add(peer)
+        self.view.remove(peer)
 
     def stats_snapshot(self) -> dict[str, Any]:
         return {"rejected": dict(self.rejected), **dict(self.stats)}

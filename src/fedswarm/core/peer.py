@@ -61,8 +61,10 @@ from .events import (
 )
 from .fairness import alone_time, estimate_rho, priority
 from .identity import Identity
+from .membership import check_membership
 from .node import Node
 from .wire import (
+    Accusation,
     Award,
     AwardDecline,
     Bid,
@@ -156,6 +158,9 @@ class PeerCore(Node):
             max_message_bytes=config.max_message_bytes,
             ledger_tau_s=config.ledger_tau_s,
             verify_cache=verify_cache,
+            rate_per_s=config.rate_per_s,
+            rate_burst=config.rate_burst,
+            federations=config.federations,
         )
         self.config = config
         self.leases: dict[LeaseKey, _Lease] = {}
@@ -306,7 +311,8 @@ class PeerCore(Node):
             self._own_fingerprint = fp
             self._ledger_dirty = False
             # keep ourselves in our own view, so a client asking us sees us
-            self.view.merge(self.id, st, now, self._own_raw, now)
+            own_trust = check_membership(self.config.membership, self.id, now, self.federations)
+            self.view.merge(self.id, st, now, self._own_raw, now, trusted=own_trust)
             self.stats["states_signed"] += 1
         return self._own_raw
 
@@ -357,6 +363,9 @@ class PeerCore(Node):
                 return []
             if isinstance(msg, Cancel):
                 return self._on_cancel(now, signed, msg)
+            if isinstance(msg, Accusation):
+                self._handle_accusation(now, signed, msg)
+                return []
             raise RemoteProtocolError("unexpected-kind", type(msg).__name__)
         except RemoteProtocolError as exc:
             self.rejected[exc.reason] += 1

@@ -38,6 +38,7 @@ class ViewEntry:
     issued_at: float
     raw: bytes  # the signed envelope, relayed as is
     learnt_at: float
+    trusted: bool = False  # admitted by a federation we trust (core.membership)
 
     @property
     def expires_at(self) -> float:
@@ -62,7 +63,9 @@ class View:
     def get(self, peer: str) -> ViewEntry | None:
         return self._entries.get(peer)
 
-    def merge(self, peer: str, state: PeerState, issued_at: float, raw: bytes, now: float) -> bool:
+    def merge(
+        self, peer: str, state: PeerState, issued_at: float, raw: bytes, now: float, *, trusted: bool = False
+    ) -> bool:
         """Offer a verified state; return True if it was news (newer seq)."""
         old = self._entries.get(peer)
         if old is not None and old.state.seq >= state.seq:
@@ -73,7 +76,7 @@ class View:
             if len(self._entries) >= self.max_size and not self._evict(now):
                 return False
             self._sorted_cache = None
-        self._entries[peer] = ViewEntry(peer, state, issued_at, raw, now)
+        self._entries[peer] = ViewEntry(peer, state, issued_at, raw, now, trusted)
         return True
 
     def _evict(self, now: float) -> bool:

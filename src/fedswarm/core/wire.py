@@ -54,6 +54,7 @@ __all__ = [
     "ShardResult",
     "ResultAck",
     "Cancel",
+    "Accusation",
     "Signed",
     "KINDS",
     "encode",
@@ -569,6 +570,34 @@ class Cancel(Message):
         return cls(_str(body[0], "job_id", 128, empty=False), _shard_list(body[1], "shards"))
 
 
+@dataclass(frozen=True, slots=True)
+class Accusation(Message):
+    """A tenant's evidence that ``accused`` returned a wrong result.
+
+    ``evidence`` holds signed ``ShardResult`` envelopes for one shard: the
+    accused's, and at least a quorum of other peers' that agree with each
+    other and not with it. Receivers check every signature themselves and act
+    only if a peer *they* trust is among the agreeing ones.
+    """
+
+    KIND: ClassVar[int] = 13
+    job_id: str
+    shard: int
+    accused: str
+    evidence: tuple[bytes, ...]
+
+    @classmethod
+    def from_body(cls, body: list[Any]) -> "Accusation":
+        if len(body) != 4:
+            raise _bad("Accusation", "needs 4 fields")
+        return cls(
+            _str(body[0], "job_id", 128, empty=False),
+            _int(body[1], "shard", 0, 1_000_000),
+            _str(body[2], "accused", 128, empty=False),
+            tuple(_bytes(e, "evidence", MAX_MESSAGE_BYTES // 8) for e in _list(body[3], "evidence", 16)),
+        )
+
+
 KINDS: dict[int, type[Message]] = {
     c.KIND: c
     for c in (
@@ -584,6 +613,7 @@ KINDS: dict[int, type[Message]] = {
         ShardResult,
         ResultAck,
         Cancel,
+        Accusation,
     )
 }
 

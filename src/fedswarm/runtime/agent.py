@@ -24,6 +24,8 @@ import trio
 
 from ..core.client import ClientCore
 from ..core.events import (
+    TOPIC_ACCUSATIONS,
+    TOPIC_PEERS,
     CancelShard,
     Effect,
     Input,
@@ -141,7 +143,8 @@ class Agent:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if isinstance(self.core, PeerCore):
-                await self.transport.subscribe("fedswarm/peers/1")
+                await self.transport.subscribe(TOPIC_PEERS)
+            await self.transport.subscribe(TOPIC_ACCUSATIONS)
             self._perform(self.core.start(self.now()))
             nursery.start_soon(self._receive_loop)
             nursery.start_soon(self._timer_loop)

@@ -1,0 +1,98 @@
+"""Results from untrusted peers are verified by redundant execution."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedswarm.core.client import JobRequest
+from fedswarm.core.config import ClientConfig
+from fedswarm.core.identity import Identity
+from fedswarm.core.membership import check_membership, issue_membership
+from helpers import MiniSwarm
+
+
+def run(s: MiniSwarm, shards: int, **client_kw) -> tuple[str, object]:
+    c = s.add_client(**client_kw)
+    s.step_until(s.now + 5)
+    jid, eff = c.submit(s.now, JobRequest("sim", shards, work_s=2.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5000, stop=lambda: jid in s.finished)
+    return jid, c
+
+
+@pytest.mark.parametrize("rate", [0.2, 1.0])
+def test_liar_is_caught_and_no_wrong_result_is_delivered(rate: float) -> None:
+    s = MiniSwarm(8, seed=11, liars={3: rate}, trusted=(0,))
+    s.step_until(s.now + 10)
+    jid, c = run(s, 40, verify="always")
+    assert s.finished[jid].ok
+    results = {d.shard: d.result for d in s.delivered if d.job_id == jid}
+    assert results == {i: b"r%d" % i for i in range(40)}
+    liar = [p for p in s.peers if s.liar_ids.get(p)][0]
+    assert liar in c.banned
+    assert c.stats["liars_caught"] >= 1
+
+
+def test_accusation_with_trusted_witness_spreads_the_ban() -> None:
+    s = MiniSwarm(8, seed=12, liars={3: 1.0}, trusted=(0, 1))
+    s.step_until(s.now + 10)
+    jid, c = run(s, 30, verify="always")
+    assert s.finished[jid].ok
+    liar = [p for p in s.peers if s.liar_ids.get(p)][0]
+    assert c.stats["liars_caught"] == 1  # caught once, however many shards it held
+    honest = [p for p in s.peers if p != liar]
+    assert all(liar in s.peers[p].banned for p in honest)
+    assert all(s.peers[p].stats["accusations_accepted"] == 1 for p in honest)
+
+
+def test_accusation_without_a_trusted_witness_is_not_believed() -> None:
+    # a tenant and its sybils could frame an honest peer: no trusted witness, no ban
+    s = MiniSwarm(6, seed=15, liars={2: 1.0}, trusted=())
+    s.step_until(s.now + 10)
+    jid, c = run(s, 20, verify="always")
+    assert s.finished[jid].ok
+    liar = [p for p in s.peers if s.liar_ids.get(p)][0]
+    assert liar in c.banned  # the tenant saw it lie against a quorum
+    honest = [p for p in s.peers if p != liar]
+    assert not any(liar in s.peers[p].banned for p in honest)
+    assert sum(s.peers[p].stats["accusations_unwitnessed"] for p in honest) >= 1
+
+
+def test_trusted_peers_are_not_double_checked() -> None:
+    s = MiniSwarm(5, seed=13, trusted=(0, 1, 2, 3, 4))
+    s.step_until(s.now + 10)
+    jid, c = run(s, 20, verify="always")
+    assert s.finished[jid].ok
+    assert c.stats["verifications"] == 0
+
+
+def test_reputation_lowers_the_check_rate() -> None:
+    s = MiniSwarm(4, seed=14)
+    s.step_until(s.now + 10)
+    jid, c = run(s, 120, verify="auto", verify_trust_after=10.0, verify_min_rate=0.1)
+    assert s.finished[jid].ok
+    # early results are all checked, later ones mostly not
+    assert 0 < c.stats["verifications"] < 120
+    assert c.stats["results_unchecked"] > 0
+
+
+def test_membership_certificates() -> None:
+    fed = Identity.from_seed(b"f" * 32)
+    peer = Identity.from_seed(b"p" * 32)
+    other = Identity.from_seed(b"o" * 32)
+    cert = issue_membership(fed, peer.peer_id, expiry=100.0)
+    feds = frozenset({fed.peer_id})
+    assert check_membership(cert, peer.peer_id, 50.0, feds)
+    assert not check_membership(cert, peer.peer_id, 150.0, feds)  # expired
+    assert not check_membership(cert, other.peer_id, 50.0, feds)  # someone else's
+    assert not check_membership(cert, peer.peer_id, 50.0, frozenset())  # unknown federation
+    assert not check_membership(cert[:-1] + b"x", peer.peer_id, 50.0, feds)
+    assert not check_membership(b"\xc1garbage", peer.peer_id, 50.0, feds)
+    assert not check_membership(issue_membership(other, peer.peer_id, 100.0), peer.peer_id, 50.0, feds)
+
+
+def test_client_config_validates_verification_knobs() -> None:
+    with pytest.raises(ValueError):
+        ClientConfig(verify="sometimes")
+    with pytest.raises(ValueError):
+        ClientConfig(quorum=1)
