@@ -71,7 +71,7 @@ job_specs = st.builds(
     weight=st.floats(0.01, 100),
     lam=st.floats(0, 10),
     submitted_at=st.floats(-1e9, 1e9),
-    params=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3).map(pack_params),
+    params=st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5), max_size=3).map(pack_params),
 )
 shard_ids = st.lists(st.integers(0, 1000), min_size=1, max_size=10).map(tuple)
 messages = st.one_of(
