@@ -1,0 +1,465 @@
+"""Client side of LLM layer serving: generate through a chain of peers.
+
+The client holds the embeddings, the final norm and the LM head
+(``LlamaClientHead``); peers serve contiguous spans of decoder blocks
+(``fedswarm.llm_serving``) and advertise them as ``Span`` entries of their
+signed, gossiped ``PeerState``.
+
+Routing: the spans in the swarm view form a graph over block boundaries
+``0..L``; a chain is a cheapest path ``0 -> L`` where a hop costs its
+measured decode round trip (an EWMA per peer) or, before we have one,
+``1/throughput`` plus a default network latency. Peers that failed us are
+avoided for ``ban_s``.
+
+Recovery: the client keeps, for every block boundary of its chain, the hidden
+states that entered it at every position so far (``positions x hidden_size``
+floats per boundary: small). When a hop fails (peer gone, timeout, error
+answer), the client bans the peer, finds a replacement path for the same
+blocks (or for everything from there on), replays the stored inputs into the
+new peers' fresh sessions -- which rebuilds their KV caches -- and goes on.
+Replayed positions produce exactly the hidden states the dead peer would have
+produced, so the generated tokens do not change.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import trio
+
+from .errors import FederationError, TransportError
+from .llm_serving import PROTOCOL, SESSION_ID_BYTES, WIRE_VERSION, WireError, decode, encode, pack_tensor, unpack_tensor
+from .tasks.llama import LlamaClientHead
+
+__all__ = [
+    "Hop",
+    "NoRoute",
+    "SwarmLLM",
+    "InferenceSession",
+    "GenerationResult",
+    "find_route",
+    "live_spans",
+]
+
+DEFAULT_HOP_LATENCY = 0.002  # s, assumed network round trip of an unmeasured peer
+
+
+class NoRoute(FederationError):
+    """No chain of live peers covers the model's blocks."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    peer: str
+    start: int
+    end: int
+    throughput: float
+
+
+def live_spans(entries: Sequence[Any], model_hash: str) -> list[Hop]:
+    """The spans of ``model_hash`` served by the view's live entries."""
+    out = []
+    for e in entries:
+        for s in e.state.spans:
+            if s.model == model_hash:
+                out.append(Hop(e.peer, s.start, s.end, s.throughput))
+    return out
+
+
+def find_route(
+    hops: Sequence[Hop],
+    start: int,
+    end: int,
+    *,
+    exclude: set[str] | frozenset[str] = frozenset(),
+    cost: Callable[[Hop], float] | None = None,
+) -> list[Hop] | None:
+    """Cheapest chain of ``hops`` from block ``start`` to block ``end`` (Dijkstra
+    over block boundaries; ties break on peer id), or None."""
+    cost = cost or (lambda h: 1.0 / max(h.throughput, 1e-9) + DEFAULT_HOP_LATENCY)
+    by_start: dict[int, list[Hop]] = {}
+    for h in hops:
+        if h.peer not in exclude and start <= h.start < h.end <= end:
+            by_start.setdefault(h.start, []).append(h)
+    best: dict[int, tuple[float, int, tuple[str, ...]]] = {start: (0.0, 0, ())}
+    prev: dict[int, Hop] = {}
+    heap: list[tuple[float, int, tuple[str, ...], int]] = [(0.0, 0, (), start)]
+    while heap:
+        c, n, ids, b = heapq.heappop(heap)
+        if best.get(b) != (c, n, ids):
+            continue
+        if b == end:
+            break
+        for h in sorted(by_start.get(b, ()), key=lambda h: (h.peer, h.end)):
+            cand = (c + cost(h), n + 1, ids + (h.peer,))
+            if h.end not in best or cand < best[h.end]:
+                best[h.end] = cand
+                prev[h.end] = h
+                heapq.heappush(heap, (*cand, h.end))
+    if end not in best:
+        return None
+    route = []
+    b = end
+    while b != start:
+        h = prev[b]
+        route.append(h)
+        b = h.start
+    return route[::-1]
+
+
+class _HopFailed(Exception):
+    def __init__(self, peer: str, reason: str) -> None:
+        super().__init__(f"{peer[:16]}: {reason}")
+        self.peer = peer
+        self.reason = reason
+
+
+@dataclass
+class _HopState:
+    hop: Hop
+    pos: int = 0  # positions the peer's session holds
+    pos_before: int = 0  # where the last _run_hop started
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    prompt_len: int
+    ttft_s: float
+    total_s: float
+    decode_tokens_per_s: float
+    step_times: list[float]
+    recoveries: list[dict[str, Any]]
+    route: list[dict[str, Any]]
+
+
+class SwarmLLM:
+    """Generate with a model whose blocks live on swarm peers.
+
+    Args:
+        transport: the client's transport (``Transport`` protocol).
+        view: returns the live swarm view entries (e.g.
+            ``lambda: client.core.view.live(client.agent.now())``).
+        head: the local embeddings + LM head.
+        model_hash: ``model_hash`` of the checkpoint; peers serving another
+            hash are never used (and refuse our requests anyway).
+    """
+
+    def __init__(
+        self,
+        transport: Any,
+        view: Callable[[], Sequence[Any]],
+        head: LlamaClientHead,
+        model_hash: str,
+        *,
+        request_timeout: float = 10.0,
+        ban_s: float = 60.0,
+        max_chunk: int = 256,
+        route_timeout: float = 10.0,
+    ) -> None:
+        self.transport = transport
+        self.view = view
+        self.head = head
+        self.model_hash = model_hash
+        self.num_layers = head.config.num_hidden_layers
+        self.request_timeout = request_timeout
+        self.ban_s = ban_s
+        self.max_chunk = max_chunk
+        self.route_timeout = route_timeout
+        self.rtt: dict[str, float] = {}  # EWMA of one-token round trips per peer
+        self.banned: dict[str, float] = {}  # peer -> banned until (monotonic)
+        self.stats = {"requests": 0, "failures": 0, "recoveries": 0}
+        self.active: set[InferenceSession] = set()  # open sessions (their .hops is the chain)
+
+    # -- routing -------------------------------------------------------------
+    def hops(self) -> list[Hop]:
+        return live_spans(self.view(), self.model_hash)
+
+    def excluded(self) -> set[str]:
+        now = time.monotonic()
+        for p in [p for p, t in self.banned.items() if t <= now]:
+            del self.banned[p]
+        return set(self.banned)
+
+    def cost(self, h: Hop) -> float:
+        r = self.rtt.get(h.peer)
+        return r if r is not None else 1.0 / max(h.throughput, 1e-9) + DEFAULT_HOP_LATENCY
+
+    def route(self, start: int = 0, end: int | None = None) -> list[Hop] | None:
+        end = self.num_layers if end is None else end
+        return find_route(self.hops(), start, end, exclude=self.excluded(), cost=self.cost)
+
+    async def wait_route(self, start: int = 0, end: int | None = None, *, timeout: float | None = None) -> list[Hop]:
+        """Wait (bounded) until the view holds a chain ``start -> end``."""
+        timeout = self.route_timeout if timeout is None else timeout
+        deadline = trio.current_time() + timeout
+        while True:
+            r = self.route(start, end)
+            if r is not None:
+                return r
+            if trio.current_time() >= deadline:
+                have = sorted({(h.start, h.end) for h in self.hops()})
+                raise NoRoute(f"no live chain covers blocks [{start}, {end or self.num_layers}) "
+                              f"after {timeout}s; spans seen: {have}")
+            await trio.sleep(0.02)
+
+    def ban(self, peer: str) -> None:
+        self.banned[peer] = time.monotonic() + self.ban_s
+        self.rtt.pop(peer, None)
+
+    # -- requests --------------------------------------------------------------
+    async def _request(self, peer: str, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        self.stats["requests"] += 1
+        try:
+            raw = await self.transport.request(peer, PROTOCOL, encode(msg), timeout=timeout or self.request_timeout)
+        except TransportError as exc:
+            raise _HopFailed(peer, f"transport: {exc}") from None
+        try:
+            return decode(raw)
+        except WireError as exc:
+            raise _HopFailed(peer, f"bad answer: {exc}") from None
+
+    async def info(self, peer: str, timeout: float = 5.0) -> dict[str, Any]:
+        """A serving peer's span, limits and counters."""
+        resp = await self._request(peer, {"v": WIRE_VERSION, "op": "info"}, timeout)
+        if resp.get("ok") is not True:
+            raise _HopFailed(peer, str(resp.get("error")))
+        return resp
+
+    def session(self, max_length: int) -> "InferenceSession":
+        return InferenceSession(self, max_length)
+
+    # -- generation --------------------------------------------------------------
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        eos_id: int | None = None,
+        on_token: Callable[[int, int], Any] | None = None,
+    ) -> GenerationResult:
+        """Prefill ``prompt_ids`` through the chain, then decode token by token.
+
+        ``on_token(index, token)`` is called after each new token (it may be
+        async). Sampling (``greedy=False``) uses a CPU generator seeded with
+        ``seed``.
+        """
+        prompt = [int(i) for i in prompt_ids]
+        if not prompt:
+            raise ValueError("empty prompt")
+        if max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        if not greedy and not temperature > 0:
+            raise ValueError("temperature must be > 0")
+        gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+
+        def pick(h: torch.Tensor) -> int:
+            logits = self.head.logits(h[-1:].to(self.head.embed_tokens.weight.dtype))[-1]
+            if greedy:
+                return int(logits.argmax())
+            probs = torch.softmax(logits / temperature, dim=-1)
+            return int(torch.multinomial(probs, 1, generator=gen))
+
+        out: list[int] = []
+        steps: list[float] = []
+        t0 = time.perf_counter()
+        ttft = 0.0
+        async with self.session(len(prompt) + max(max_new_tokens, 1)) as sess:
+            ids = prompt
+            for i in range(max_new_tokens):
+                ts = time.perf_counter()
+                tok = pick(await sess.step(ids))
+                now = time.perf_counter()
+                if i == 0:
+                    ttft = now - t0
+                else:
+                    steps.append(now - ts)
+                out.append(tok)
+                if on_token is not None:
+                    r = on_token(i, tok)
+                    if hasattr(r, "__await__"):
+                        await r
+                if eos_id is not None and tok == eos_id:
+                    break
+                ids = [tok]
+            route = [{"peer": s.hop.peer, "blocks": [s.hop.start, s.hop.end]} for s in sess.hops]
+            recoveries = list(sess.recoveries)
+        total = time.perf_counter() - t0
+        tps = len(steps) / sum(steps) if steps and sum(steps) > 0 else 0.0
+        return GenerationResult(out, len(prompt), ttft, total, tps, steps, recoveries, route)
+
+
+class InferenceSession:
+    """One generation session through a chain of peers (``async with``)."""
+
+    def __init__(self, llm: SwarmLLM, max_length: int) -> None:
+        self.llm = llm
+        self.max_length = max_length
+        self.id = os.urandom(SESSION_ID_BYTES)
+        self.length = 0  # positions processed through the whole chain
+        self.hops: list[_HopState] = []
+        # hidden states entering each block boundary, positions [0, length)
+        self.hist: dict[int, torch.Tensor] = {}
+        self.recoveries: list[dict[str, Any]] = []
+        self._stale: list[_HopState] = []  # sessions on peers we left, to close
+
+    async def __aenter__(self) -> "InferenceSession":
+        self.llm.active.add(self)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close our sessions on every peer (best effort, bounded)."""
+        self.llm.active.discard(self)
+        todo = self.hops + self._stale
+        self.hops, self._stale = [], []
+        if not todo:
+            return
+        with trio.move_on_after(2.0):
+            async with trio.open_nursery() as n:
+                for hs in todo:
+                    n.start_soon(self._close_one, hs.hop.peer)
+
+    async def _close_one(self, peer: str) -> None:
+        msg = {"v": WIRE_VERSION, "op": "close", "model": self.llm.model_hash, "session": self.id}
+        try:
+            await self.llm._request(peer, msg, timeout=2.0)
+        except _HopFailed:
+            pass
+
+    def _hop_from(self, b: int) -> _HopState | None:
+        for hs in self.hops:
+            if hs.hop.start == b:
+                return hs
+        return None
+
+    async def _reroute(self, b: int, failed: _HopState | None) -> None:
+        """Replace the chain from boundary ``b`` on: prefer a path over the
+        failed hop's blocks only (later hops keep their caches)."""
+        keep_after: list[_HopState] = []
+        idx = next((i for i, hs in enumerate(self.hops) if hs.hop.start == b), len(self.hops))
+        tail = self.hops[idx:]
+        if failed is not None and tail and tail[0] is failed:
+            sub = self.llm.route(b, failed.hop.end)
+            if sub is not None:
+                keep_after = tail[1:]
+                self._stale.append(failed)
+                self.hops = self.hops[:idx] + [_HopState(h) for h in sub] + keep_after
+                return
+        new = await self.llm.wait_route(b, self.llm.num_layers)
+        self._stale.extend(tail)
+        self.hops = self.hops[:idx] + [_HopState(h) for h in new]
+
+    async def step(self, ids: Sequence[int]) -> torch.Tensor:
+        """Run ``ids`` (the next positions) through the chain; return the last
+        block's hidden states for them, shape ``(len(ids), hidden_size)``."""
+        llm = self.llm
+        n, t = self.length, len(ids)
+        if n + t > self.max_length:
+            raise ValueError(f"session length {self.max_length} exceeded")
+        emb = llm.head.embed(torch.tensor([list(ids)], dtype=torch.long))[0]
+        self.hist[0] = torch.cat([self.hist[0][:n], emb]) if n else emb
+        if not self.hops:
+            self.hops = [_HopState(h) for h in await llm.wait_route()]
+        b = 0
+        attempts = 0
+        while b < llm.num_layers:
+            hs = self._hop_from(b)
+            if hs is None:  # the chain changed shape
+                await self._reroute(b, None)
+                continue
+            try:
+                out = await self._run_hop(hs, n + t)
+            except _HopFailed as exc:
+                attempts += 1
+                if attempts > 8 * llm.num_layers:
+                    raise NoRoute(f"giving up after {attempts} failed hops: {exc}") from None
+                t_fail = time.perf_counter()
+                llm.stats["failures"] += 1
+                llm.ban(exc.peer)
+                await self._reroute(b, hs)
+                self.recoveries.append({"position": n, "failed": exc.peer, "reason": exc.reason,
+                                        "blocks": [hs.hop.start, hs.hop.end], "t": t_fail})
+                llm.stats["recoveries"] += 1
+                continue
+            e = hs.hop.end
+            keep = hs.pos_before
+            self.hist[e] = torch.cat([self.hist[e][:keep], out]) if keep else out
+            b = e
+        self.length = n + t
+        if attempts:
+            done = time.perf_counter()
+            for r in self.recoveries:
+                r.setdefault("recovered_s", round(done - r["t"], 4))
+        return self.hist[llm.num_layers][n:]
+
+    async def _run_hop(self, hs: _HopState, upto: int) -> torch.Tensor:
+        """Bring the hop's session to position ``upto``: send the inputs it
+        has not seen (a replay when it is new), in chunks. Returns the outputs
+        for positions ``[hs.pos_before, upto)``."""
+        llm = self.llm
+        x = self.hist[hs.hop.start]
+        fixes = 0
+        while True:
+            start = hs.pos
+            outs = []
+            try:
+                while hs.pos < upto:
+                    chunk = x[hs.pos : min(upto, hs.pos + llm.max_chunk)]
+                    outs.append(await self._forward(hs, chunk))
+                hs.pos_before = start
+                return torch.cat(outs) if len(outs) > 1 else outs[0]
+            except _Resync as rs:
+                fixes += 1
+                if fixes > 3:
+                    raise _HopFailed(hs.hop.peer, f"cannot resync session ({rs})") from None
+                # restart where the peer is, but no later than the outputs we hold
+                have = len(self.hist.get(hs.hop.end, ()))
+                hs.pos = max(0, min(rs.length, have, start))
+
+    async def _forward(self, hs: _HopState, chunk: torch.Tensor) -> torch.Tensor:
+        llm = self.llm
+        peer = hs.hop.peer
+        msg = {
+            "v": WIRE_VERSION, "op": "forward", "model": llm.model_hash, "span": [hs.hop.start, hs.hop.end],
+            "session": self.id, "pos": hs.pos, "max_length": self.max_length, "hidden": pack_tensor(chunk),
+        }
+        t0 = time.perf_counter()
+        resp = await llm._request(peer, msg, timeout=llm.request_timeout * max(1, len(chunk) // 64 + 1))
+        dt = time.perf_counter() - t0
+        if resp.get("ok") is not True:
+            err = resp.get("error")
+            if err == "pos-mismatch" and type(resp.get("length")) is int:
+                raise _Resync(resp["length"])
+            if err == "unknown-session":
+                raise _Resync(0)
+            raise _HopFailed(peer, f"{err}: {resp.get('detail', '')}")
+        try:
+            out = unpack_tensor(resp.get("hidden"), max_ndim=2)
+        except WireError as exc:
+            raise _HopFailed(peer, f"bad hidden: {exc}") from None
+        if tuple(out.shape) != tuple(chunk.shape) or resp.get("length") != hs.pos + len(chunk):
+            raise _HopFailed(peer, "answer does not match the request")
+        if len(chunk) == 1:
+            old = llm.rtt.get(peer)
+            llm.rtt[peer] = dt if old is None else 0.8 * old + 0.2 * dt
+        hs.pos += len(chunk)
+        return out
+
+
+class _Resync(Exception):
+    def __init__(self, length: int) -> None:
+        super().__init__(f"peer holds {length} positions")
+        self.length = length
