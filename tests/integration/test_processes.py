@@ -126,3 +126,49 @@ def test_restart_with_the_same_key_keeps_the_peer_id(tmp_path: Path) -> None:
         assert again.peer_id == pid
     finally:
         again.terminate()
+
+
+def test_a_hung_peer_loses_nothing(tmp_path: Path) -> None:
+    """SIGSTOP: connected but silent. Its leases lapse and are re-auctioned."""
+    import signal as _signal
+
+    shards = 8
+    expected = local(tmp_path / "local.jsonl", shards, LONG)
+    with LocalSwarm(3, tmp_path / "swarm") as swarm:
+        p = submit(swarm.bootstrap, tmp_path / "out.jsonl", shards, LONG, min_peers=3)
+        hung = swarm.peers[2]
+        wait_until(lambda: len(hung.status()["leases"]) >= 1, 60, "the peer to hold a lease")
+        hung.proc.send_signal(_signal.SIGSTOP)
+        try:
+            _, err = p.communicate(timeout=180)
+        finally:
+            hung.proc.send_signal(_signal.SIGCONT)
+        assert p.returncode == 0, err
+        rows = read(tmp_path / "out.jsonl")
+        check_results(rows, expected)
+        assert all(r["peer"] != hung.peer_id for r in rows if r["attempt"] == 0) or any(r["attempt"] > 0 for r in rows)
+
+
+def test_flooded_daemon_keeps_serving_a_real_job(tmp_path: Path) -> None:
+    shards = 8
+    expected = local(tmp_path / "local.jsonl", shards, ["--size", "512", "--iters", "10"])
+    with LocalSwarm(2, tmp_path / "swarm") as swarm:
+        target = swarm.peers[0]
+        flood = subprocess.Popen([sys.executable, str(Path(__file__).with_name("flooder.py")), target.addr, "20"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: sum(target.status()["rejected"].values()) > 100, 60, "the flood to arrive")
+        p = submit(swarm.bootstrap, tmp_path / "out.jsonl", shards, ["--size", "512", "--iters", "10"], min_peers=2)
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        check_results(read(tmp_path / "out.jsonl"), expected)
+        out, ferr = flood.communicate(timeout=60)
+        assert flood.returncode == 0, ferr
+        sent = json.loads(out.strip().splitlines()[-1])
+        assert sum(sent.values()) > 200
+        st = target.status()
+        rejected = st["rejected"]
+        # every kind of garbage was refused with a typed reason and counted
+        assert rejected.get("malformed", 0) > 0
+        assert rejected.get("bad-signature", 0) > 0
+        assert rejected.get("replayed", 0) + rejected.get("stale", 0) + rejected.get("rate-limited", 0) > 0
+        assert target.proc.poll() is None  # still alive
