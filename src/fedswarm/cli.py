@@ -33,6 +33,9 @@ def _add_start(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--serve-model", help="Hugging Face-format checkpoint directory to serve blocks of")
     p.add_argument("--blocks", help="block span A:B to serve (blocks A..B-1)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads")
+    p.add_argument("--membership", help="federation membership certificate (from `peer admit`)")
+    p.add_argument("--trust-federation", action="append", default=[],
+                   help="peer id of a federation key whose members this peer trusts (repeatable)")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("--log-level", default="info")
 
@@ -52,8 +55,21 @@ def _cmd_start(a: argparse.Namespace) -> int:
         serve_model=a.serve_model,
         blocks=a.blocks,
         torch_threads=a.torch_threads,
+        membership=a.membership,
+        federations=a.trust_federation,
     )
     return trio.run(serve_peer, opts)
+
+
+def _cmd_admit(a: argparse.Namespace) -> int:
+    from .core.identity import load_or_create_key
+    from .core.membership import issue_membership
+
+    fed = load_or_create_key(a.federation_key)
+    cert = issue_membership(fed, a.peer, time.time() + a.days * 86400)
+    Path(a.out).write_bytes(cert)
+    print(f"admitted {a.peer} to federation {fed.peer_id} for {a.days} days -> {a.out}")
+    return 0
 
 
 def _cmd_keygen(a: argparse.Namespace) -> int:
@@ -112,6 +128,10 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weight", type=float, default=1.0)
     p.add_argument("--min-peers", type=int, default=1, help="wait until this many peers are known")
     p.add_argument("--progress", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--verify", choices=["none", "auto", "always"], default="auto",
+                   help="re-run untrusted peers' shards elsewhere and compare (auto: by reputation)")
+    p.add_argument("--trust-federation", action="append", default=[],
+                   help="peer id of a federation key whose members need no verification (repeatable)")
 
 
 def _params(a: argparse.Namespace) -> dict[str, Any]:
@@ -185,11 +205,14 @@ async def _submit_swarm(a: argparse.Namespace, req: Any) -> int:
     from .core.identity import Identity, load_or_create_key
     from .errors import FederationError
 
+    from .core.config import ClientConfig
+
     identity = load_or_create_key(a.key) if a.key else Identity.generate()
     prog = _Progress(req.shards, a.progress)
     t0 = time.monotonic()
+    cfg = ClientConfig(verify=a.verify, federations=frozenset(a.trust_federation))
     try:
-        async with open_swarm_client(a.bootstrap, identity=identity, min_peers=a.min_peers) as client:
+        async with open_swarm_client(a.bootstrap, identity=identity, min_peers=a.min_peers, config=cfg) as client:
             job = await client.submit(req)
             print(f"job {job.job_id}: {req.shards} shards submitted by tenant {client.tenant} "
                   f"({time.monotonic() - t0:.2f}s after start)", file=sys.stderr)
@@ -221,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--metrics-port", type=int, help="the daemon's --metrics-port")
     g.add_argument("--url", help="full URL of a daemon's /status")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("admit", help="sign a federation membership certificate for a trusted peer")
+    p.add_argument("--federation-key", required=True, help="the federation's key file (created if absent)")
+    p.add_argument("--peer", required=True, help="peer id to admit")
+    p.add_argument("--days", type=float, default=30.0)
+    p.add_argument("--out", required=True)
     p = sub.add_parser("keygen", help="create an Ed25519 key file and print its peer id")
     p.add_argument("--key", required=True)
     p.add_argument("--show", action="store_true", help="print the peer id of an existing key")
@@ -237,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": _cmd_status,
         "keygen": _cmd_keygen,
         "submit": _cmd_submit,
+        "admit": _cmd_admit,
     }.get(a.cmd) or a.func
     return int(handler(a) or 0)
 

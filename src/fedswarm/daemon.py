@@ -47,6 +47,8 @@ class PeerOptions:
     serve_model: str | None = None
     blocks: str | None = None
     torch_threads: int | None = None
+    membership: str | None = None
+    federations: list[str] = field(default_factory=list)
 
 
 class ExecutorRunner:
@@ -110,17 +112,28 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
                     boot_ids.append(await transport.connect(addr))
             except Exception as exc:  # an unreachable bootstrap is logged, not fatal
                 _event("bootstrap unreachable", addr=addr, error=repr(exc))
-        config = profile.peer_config(addrs=tuple(transport.listen_addrs()), bootstrap=tuple(boot_ids))
+        config = profile.peer_config(
+            addrs=tuple(transport.listen_addrs()),
+            bootstrap=tuple(boot_ids),
+            membership=Path(opts.membership).read_bytes() if opts.membership else b"",
+            federations=frozenset(opts.federations),
+        )
         core = PeerCore(identity, config, random.Random())
         executor = ShardExecutor(slots=config.slots, power_model=config.power.max_w)
         agent = Agent(core, transport, runner=ExecutorRunner(executor, core))
         serving = None
-        if opts.serve_model:
-            from .llm_serving import start_block_server
-
-            serving = await start_block_server(transport, core, opts.serve_model, opts.blocks)
         async with trio.open_nursery() as nursery:
             await nursery.start(agent.run)
+            if opts.serve_model:
+                from .llm_serving import start_block_server
+
+                if (opts.blocks or "").startswith("auto") and boot_ids:
+                    # let gossip show which blocks the swarm already serves (bounded)
+                    with trio.move_on_after(3 * config.gossip_interval_s):
+                        while len(core.view) < 2:
+                            await agent._changed()
+                        await trio.sleep(config.gossip_interval_s)
+                serving = await start_block_server(transport, core, opts.serve_model, opts.blocks)
             if opts.metrics_port is not None:
                 port = await nursery.start(_serve_metrics, opts.metrics_port, agent)
                 print(f"fedswarm metrics on http://127.0.0.1:{port}/metrics", flush=True)

@@ -546,11 +546,23 @@ async def start_block_server(
 
         d = resolve_model(str(model_dir))
     cfg = load_config(d)
-    if blocks == "auto" or (blocks or "").startswith("auto"):
-        raise ValueError("--blocks auto is not supported by this daemon yet: give A:B")
-    start, end = parse_blocks(blocks, cfg.num_hidden_layers)
     t0 = time.perf_counter()
     mhash = await trio.to_thread.run_sync(model_hash, d)
+    if blocks == "auto" or (blocks or "").startswith("auto"):
+        # "auto" or "auto:N": the N-block window (default: half the model)
+        # with the least serving throughput among the spans in our view
+        n = int(blocks.split(":", 1)[1]) if ":" in blocks else max(1, cfg.num_hidden_layers // 2)
+        entries = [core.view.get(p) for p in core.view.peers()]
+        spans = [
+            (e.peer, sp.start, sp.end, sp.throughput)
+            for e in entries
+            if e is not None and not e.state.leaving
+            for sp in e.state.spans
+            if sp.model == mhash
+        ]
+        start, end = choose_span(spans, cfg.num_hidden_layers, n, self_id=core.id)
+    else:
+        start, end = parse_blocks(blocks, cfg.num_hidden_layers)
     span = await trio.to_thread.run_sync(lambda: load_block_span(d, start, end, device=device, dtype=dtype))
     load_s = time.perf_counter() - t0
     thr = await trio.to_thread.run_sync(measure_throughput, span)
