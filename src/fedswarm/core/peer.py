@@ -131,6 +131,14 @@ class _Outbox:
     left: int
 
 
+@dataclass(frozen=True, slots=True)
+class _PrioContext:
+    now: float
+    shares: dict[str, float]
+    swarm_slots: float
+    tenants: int
+
+
 @dataclass(slots=True)
 class _JobCache:
     spec: JobSpec
@@ -398,23 +406,24 @@ class PeerCore(Node):
     def _speed(self, task: str) -> float:
         return max(self.throughput.get(task, self.throughput.get("*", 1.0)), 1e-6)
 
-    def _swarm_slots(self, now: float) -> float:
-        return float(sum(e.state.slots for e in self.view.live(now))) or float(self.config.slots)
-
-    def _active_tenants(self, now: float) -> int:
+    def _context(self, now: float) -> "_PrioContext":
+        """What every priority computed at ``now`` shares (computed once)."""
+        live = self.view.live(now)
+        slots = float(sum(e.state.slots for e in live)) or float(self.config.slots)
+        shares = self.ledger.shares(now)
         tenants = {k[0] for k in self.leases}
-        tenants.update(t for t, s in self.ledger.shares(now).items() if s > 0.01)
-        return max(len(tenants), 1)
+        tenants.update(t for t, v in shares.items() if v > 0.01)
+        return _PrioContext(now, shares, slots, max(len(tenants), 1))
 
-    def _prio(self, job: JobSpec, tenant: str, now: float, ahead_s: float, shares: dict[str, float]) -> tuple[float, float]:
+    def _prio(self, job: JobSpec, tenant: str, ctx: "_PrioContext", ahead_s: float) -> tuple[float, float]:
         c = self.config
-        t_alone = alone_time(job.work_s, job.shards, job.gpus, job.chain, self._swarm_slots(now), self._active_tenants(now))
-        rho = estimate_rho(now - job.submitted_at, ahead_s, t_alone)
+        t_alone = alone_time(job.work_s, job.shards, job.gpus, job.chain, ctx.swarm_slots, ctx.tenants)
+        rho = estimate_rho(ctx.now - job.submitted_at, ahead_s, t_alone)
         return priority(
             c.queue_policy,
             rho=rho,
             weight=job.weight,
-            share=shares.get(tenant, 0.0),
+            share=ctx.shares.get(tenant, 0.0),
             remaining_s=job.work_s,
             arrival=job.submitted_at,
             knob=c.fairness_knob,
@@ -427,13 +436,13 @@ class PeerCore(Node):
 
     def _wait_estimate(self, job: JobSpec, tenant: str, now: float) -> float:
         """Seconds before a new shard of ``job`` would start here."""
-        shares = self.ledger.shares(now)
-        mine = self._prio(job, tenant, now, 0.0, shares)
+        ctx = self._context(now)
+        mine = self._prio(job, tenant, ctx, 0.0)
         ahead = 0.0
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
                 ahead += self._remaining(lease, now)
-            elif self._prio(lease.job, lease.tenant, now, 0.0, shares) <= mine:
+            elif self._prio(lease.job, lease.tenant, ctx, 0.0) <= mine:
                 ahead += self._remaining(lease, now)
         return ahead / self.config.slots
 
@@ -580,8 +589,8 @@ class PeerCore(Node):
         queued = [lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED]
         if free <= 0 or not queued:
             return []
-        shares = self.ledger.shares(now)
-        queued.sort(key=lambda lease: (self._prio(lease.job, lease.tenant, now, lease.run_s, shares), lease.key))
+        ctx = self._context(now)
+        queued.sort(key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s), lease.key))
         out: list[Effect] = []
         for lease in queued:
             need = max(lease.job.gpus, 1)

@@ -689,33 +689,39 @@ def encode(
 
 
 class VerifyCache:
-    """Remembers envelopes already verified, so a gossiped state received from
-    many neighbours is checked once. Keyed by the exact envelope bytes.
+    """Remembers envelopes already decoded and verified, by their exact bytes,
+    so a gossiped state received from many neighbours is checked once.
 
-    Verification is a pure function of the bytes, so one cache may be shared
-    by every core in a process (netsim does; a daemon has one core anyway).
+    Decoding and verification are pure functions of the bytes (and of the
+    size limit, part of the key), so one cache may be shared by every core
+    in a process (netsim does; a daemon has one core anyway). Failures are
+    never cached: bad input is re-examined and counted every time.
     """
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity
-        self._seen: dict[bytes, None] = {}
+        self._seen: dict[tuple[bytes, int], Signed] = {}
         self.hits = 0
 
-    def check(self, raw: bytes) -> bool:
-        if raw in self._seen:
+    def get(self, raw: bytes, max_bytes: int) -> "Signed | None":
+        got = self._seen.get((raw, max_bytes))
+        if got is not None:
             self.hits += 1
-            return True
-        return False
+        return got
 
-    def add(self, raw: bytes) -> None:
+    def add(self, raw: bytes, max_bytes: int, signed: "Signed") -> None:
         if len(self._seen) >= self.capacity:
             # drop the oldest half (dicts keep insertion order)
             for k in list(self._seen)[: self.capacity // 2]:
                 del self._seen[k]
-        self._seen[raw] = None
+        self._seen[(raw, max_bytes)] = signed
 
 
 def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: bool) -> Signed:
+    if cache is not None and check_sig:
+        hit = cache.get(data, max_bytes)
+        if hit is not None:
+            return hit
     outer = _unpack(data, max_bytes)
     if type(outer) is not list or len(outer) != 2 or type(outer[0]) is not bytes or type(outer[1]) is not bytes:
         raise RemoteProtocolError("malformed", "envelope is not [sig, payload]")
@@ -740,17 +746,18 @@ def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: b
     if cls.SIGNED:
         if not sig:
             raise RemoteProtocolError("unsigned", cls.__name__)
-        if check_sig and not (cache is not None and cache.check(data)):
+        if check_sig:
             verify(author, sig, payload)
-            if cache is not None:
-                cache.add(data)
     try:
         msg = cls.from_body(body)
     except RemoteProtocolError:
         raise
     except Exception as exc:  # a validator bug must still not crash the agent
         raise RemoteProtocolError("bad-field", f"{cls.__name__}: {type(exc).__name__}") from None
-    return Signed(msg, author, issued_at, nonce, data, extras)
+    signed = Signed(msg, author, issued_at, nonce, data, extras)
+    if cache is not None and check_sig:
+        cache.add(data, max_bytes, signed)
+    return signed
 
 
 def decode(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES, cache: VerifyCache | None = None) -> Signed:
