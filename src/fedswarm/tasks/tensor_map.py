@@ -31,7 +31,6 @@ import hashlib
 import math
 from typing import Any
 
-import torch
 
 from .registry import REF_FLOPS, TaskEstimate, check_cancelled, check_params, param_int
 
@@ -86,6 +85,8 @@ class TensorMapTask:
         seed, n, iters = self._parse(params)
         if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard <= MAX_SHARD:
             raise ValueError(f"shard must be an int in [0, {MAX_SHARD}]")
+        import torch  # lazily: clients estimate shards without loading torch
+
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = False
