@@ -1,0 +1,74 @@
+"""The network model: per-link latency by region, bandwidth, loss,
+duplication, reordering jitter and partitions. Pure functions of a seeded RNG."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass, field
+
+__all__ = ["NetworkModel", "Partition"]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """During ``[start_s, end_s)`` nodes on side B can't talk to side A.
+
+    Side B is the peers in ``regions`` if given, else a seeded ``fraction`` of
+    the peers present when the simulation starts. Clients are on side A
+    unless their region is listed.
+    """
+
+    start_s: float
+    end_s: float
+    fraction: float = 0.5
+    regions: tuple[str, ...] = ()
+
+
+@dataclass
+class NetworkModel:
+    intra_ms: tuple[float, float] = (5.0, 20.0)
+    inter_ms: tuple[float, float] = (50.0, 150.0)
+    jitter_ms: float = 2.0  # exponential extra delay per message (mean)
+    bandwidth_mbps: float = 1000.0  # per link: transfer time = bytes * 8 / bandwidth
+    loss: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0  # probability a message gets an extra uniform delay
+    reorder_ms: float = 50.0
+    partitions: tuple[Partition, ...] = ()
+    seed: int = 0
+    _links: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
+
+    def _draw_link(self, ra: str, rb: str, a: str, b: str) -> float:
+        lo, hi = self.intra_ms if ra == rb else self.inter_ms
+        h = hashlib.blake2b(f"{self.seed}|{a}|{b}".encode(), digest_size=8).digest()
+        r = random.Random(int.from_bytes(h, "big"))
+        # lognormal centred on the geometric mean; the range is +-2 sigma, clipped
+        mu = math.log(math.sqrt(lo * hi))
+        sigma = math.log(hi / lo) / 4 if hi > lo else 0.0
+        return min(max(r.lognormvariate(mu, sigma), lo), hi) / 1000.0
+
+    def latency(self, a: str, b: str, ra: str, rb: str) -> float:
+        """One-way base latency of the (symmetric) link a-b in seconds."""
+        key = (a, b) if a < b else (b, a)
+        lat = self._links.get(key)
+        if lat is None:
+            lat = self._links[key] = self._draw_link(ra, rb, key[0], key[1])
+        return lat
+
+    def delays(self, rng: random.Random, base: float, nbytes: int) -> list[float]:
+        """Delivery delays of one sent message: [] if lost, two if duplicated."""
+        if self.loss > 0 and rng.random() < self.loss:
+            return []
+        n = 2 if self.duplicate > 0 and rng.random() < self.duplicate else 1
+        xfer = nbytes * 8.0 / (self.bandwidth_mbps * 1e6)
+        out = []
+        for _ in range(n):
+            d = base + xfer
+            if self.jitter_ms > 0:
+                d += rng.expovariate(1000.0 / self.jitter_ms)
+            if self.reorder > 0 and rng.random() < self.reorder:
+                d += rng.uniform(0, self.reorder_ms / 1000.0)
+            out.append(d)
+        return out

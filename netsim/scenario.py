@@ -1,0 +1,286 @@
+"""Scenario files (TOML): swarm, network model, churn and workload.
+
+See docs/netsim.md for the full schema. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from fedswarm.core.config import ClientConfig, PeerConfig
+from fedswarm.profiles import Profile, load_profile
+
+from .network import NetworkModel, Partition
+from .workload import TraceError, TraceJob, check_dist, generate, read_trace
+
+__all__ = ["Scenario", "SwarmGroup", "Churn", "ScenarioError", "load_scenario", "find_profiles_dir"]
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SwarmGroup:
+    profile: str
+    count: int
+    region: str = ""  # overrides the profile's region; "" keeps it ("" there too: drawn)
+
+
+@dataclass(frozen=True)
+class Churn:
+    crash_fraction: float = 0.0
+    crash_window_s: tuple[float, float] = (0.0, 0.0)
+    leave_fraction: float = 0.0
+    leave_window_s: tuple[float, float] = (0.0, 0.0)
+    leave_grace_s: float = 60.0
+    join_count: int = 0
+    join_window_s: tuple[float, float] = (0.0, 0.0)
+
+
+@dataclass
+class Scenario:
+    name: str
+    swarm: list[SwarmGroup]
+    network: NetworkModel = field(default_factory=NetworkModel)
+    regions: dict[str, float] = field(default_factory=lambda: {"us": 1.0})
+    churn: Churn = field(default_factory=Churn)
+    tenants: list[dict[str, Any]] = field(default_factory=list)
+    trace: list[TraceJob] | None = None
+    task: str = "sim"
+    peer_overrides: dict[str, Any] = field(default_factory=dict)
+    client_overrides: dict[str, Any] = field(default_factory=dict)
+    max_time_s: float = 86400.0
+    warmup_s: float = 10.0
+    settle_s: float = 10.0
+    sample_s: float = 0.0  # shares-over-time bucket; 0: makespan / 50
+    bootstrap_peers: int = 3
+    pubsub_fanout: int = 0  # 0: a Publish reaches every live node; k: k random ones
+    forget_after_s: float = 120.0
+    base_dir: Path = Path(".")
+    profiles_dir: Path | None = None
+    profiles: dict[str, Profile] = field(default_factory=dict)
+
+    @property
+    def n_peers(self) -> int:
+        return sum(g.count for g in self.swarm)
+
+    def scaled(self, n: int) -> "Scenario":
+        """The same scenario with ``n`` initial peers, keeping the profile mix
+        (largest-remainder rounding); joins scale proportionally."""
+        total = self.n_peers
+        if n < 1 or total < 1:
+            raise ScenarioError("--peers must be >= 1")
+        exact = [g.count * n / total for g in self.swarm]
+        base = [int(math.floor(x)) for x in exact]
+        left = n - sum(base)
+        order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - base[i]), i))
+        for i in order[:left]:
+            base[i] += 1
+        swarm = [replace(g, count=c) for g, c in zip(self.swarm, base) if c > 0]
+        churn = replace(self.churn, join_count=int(round(self.churn.join_count * n / total)))
+        out = replace(self, swarm=swarm, churn=churn)
+        return out
+
+    def jobs(self, rng: Any) -> list[TraceJob]:
+        if self.trace is not None:
+            return list(self.trace)
+        return generate(self.tenants, rng)
+
+
+_TOP = {
+    "name", "description", "max_time_s", "warmup_s", "settle_s", "sample_s", "bootstrap_peers",
+    "pubsub_fanout", "forget_after_s", "profiles_dir", "swarm", "network", "churn", "workload", "peer", "client",
+}
+_NET = {"regions", "intra_ms", "inter_ms", "jitter_ms", "bandwidth_mbps", "loss", "duplicate", "reorder",
+        "reorder_ms", "partitions"}
+_PART = {"start_s", "end_s", "fraction", "regions"}
+_CHURN = {"crash_fraction", "crash_window_s", "leave_fraction", "leave_window_s", "leave_grace_s",
+          "join_count", "join_window_s"}
+_WORK = {"trace", "task", "tenants"}
+_GROUP = {"profile", "count", "region"}
+
+
+def _table(v: Any, where: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{where}: must be a table")
+    bad = sorted(set(v) - allowed)
+    if bad:
+        raise ScenarioError(f"{where}: unknown key(s) {bad}; allowed: {sorted(allowed)}")
+    return v
+
+
+def _pair(v: Any, where: str) -> tuple[float, float]:
+    if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[0] <= v[1]):
+        raise ScenarioError(f"{where}: must be [lo, hi] with lo <= hi")
+    return float(v[0]), float(v[1])
+
+
+def _prob(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ScenarioError(f"{where}: must be a probability in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _overrides(v: Any, where: str, cls: type) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    t = _table(v, where, names)
+    out = {}
+    for k, x in t.items():
+        if isinstance(x, list):
+            x = tuple(x)
+        out[k] = x
+    return out
+
+
+def find_profiles_dir(start: Path) -> Path | None:
+    """The nearest ``peers/`` directory at or above ``start``, else ./peers."""
+    for d in [start, *start.parents]:
+        if (d / "peers").is_dir():
+            return d / "peers"
+    cwd = Path.cwd() / "peers"
+    return cwd if cwd.is_dir() else None
+
+
+def resolve_profile(name: str, profiles_dir: Path | None, base: Path) -> Path:
+    p = Path(name)
+    cands = []
+    if p.suffix == ".toml":
+        cands += [base / p, p]
+    if profiles_dir is not None:
+        cands.append(profiles_dir / (name if name.endswith(".toml") else f"{name}.toml"))
+    for c in cands:
+        if c.is_file():
+            return c
+    raise ScenarioError(f"profile {name!r} not found (looked in {[str(c) for c in cands]}); use --profiles DIR")
+
+
+def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: Path = Path("."),
+                   profiles_dir: Path | None = None) -> Scenario:
+    _table(data, src, _TOP)
+    name = str(data.get("name", Path(src).stem))
+    if profiles_dir is None:
+        if "profiles_dir" in data:
+            profiles_dir = (base_dir / data["profiles_dir"]).resolve()
+        else:
+            profiles_dir = find_profiles_dir(base_dir.resolve())
+    groups_raw = data.get("swarm")
+    if not isinstance(groups_raw, list) or not groups_raw:
+        raise ScenarioError(f"{src}: swarm: needs at least one [[swarm]] entry (profile, count)")
+    swarm, profiles = [], {}
+    for i, g in enumerate(groups_raw):
+        where = f"{src}: swarm[{i}]"
+        _table(g, where, _GROUP)
+        if "profile" not in g or "count" not in g:
+            raise ScenarioError(f"{where}: needs profile and count")
+        if not isinstance(g["count"], int) or g["count"] < 0:
+            raise ScenarioError(f"{where}: count must be a non-negative integer")
+        pname = str(g["profile"])
+        if pname not in profiles:
+            profiles[pname] = load_profile(resolve_profile(pname, profiles_dir, base_dir))
+        swarm.append(SwarmGroup(pname, g["count"], str(g.get("region", ""))))
+
+    net = _table(data.get("network", {}), f"{src}: network", _NET)
+    regions = net.get("regions", {"us": 1.0})
+    if not isinstance(regions, dict) or not regions or not all(isinstance(w, (int, float)) and w >= 0 for w in regions.values()):
+        raise ScenarioError(f"{src}: network.regions: a table region -> weight")
+    parts = []
+    for i, p in enumerate(net.get("partitions", [])):
+        where = f"{src}: network.partitions[{i}]"
+        _table(p, where, _PART)
+        if "start_s" not in p or "end_s" not in p:
+            raise ScenarioError(f"{where}: needs start_s and end_s")
+        parts.append(Partition(float(p["start_s"]), float(p["end_s"]), _prob(p.get("fraction", 0.5), where + ".fraction"),
+                               tuple(str(r) for r in p.get("regions", ()))))
+    model = NetworkModel(
+        intra_ms=_pair(net.get("intra_ms", [5, 20]), f"{src}: network.intra_ms"),
+        inter_ms=_pair(net.get("inter_ms", [50, 150]), f"{src}: network.inter_ms"),
+        jitter_ms=float(net.get("jitter_ms", 2.0)),
+        bandwidth_mbps=float(net.get("bandwidth_mbps", 1000.0)),
+        loss=_prob(net.get("loss", 0.0), f"{src}: network.loss"),
+        duplicate=_prob(net.get("duplicate", 0.0), f"{src}: network.duplicate"),
+        reorder=_prob(net.get("reorder", 0.0), f"{src}: network.reorder"),
+        reorder_ms=float(net.get("reorder_ms", 50.0)),
+        partitions=tuple(parts),
+    )
+    if model.bandwidth_mbps <= 0:
+        raise ScenarioError(f"{src}: network.bandwidth_mbps must be > 0")
+
+    ch = _table(data.get("churn", {}), f"{src}: churn", _CHURN)
+    churn = Churn(
+        crash_fraction=_prob(ch.get("crash_fraction", 0.0), f"{src}: churn.crash_fraction"),
+        crash_window_s=_pair(ch.get("crash_window_s", [0, 0]), f"{src}: churn.crash_window_s"),
+        leave_fraction=_prob(ch.get("leave_fraction", 0.0), f"{src}: churn.leave_fraction"),
+        leave_window_s=_pair(ch.get("leave_window_s", [0, 0]), f"{src}: churn.leave_window_s"),
+        leave_grace_s=float(ch.get("leave_grace_s", 60.0)),
+        join_count=int(ch.get("join_count", 0)),
+        join_window_s=_pair(ch.get("join_window_s", [0, 0]), f"{src}: churn.join_window_s"),
+    )
+    if churn.crash_fraction + churn.leave_fraction > 0.9:
+        raise ScenarioError(f"{src}: churn: crash_fraction + leave_fraction must stay <= 0.9")
+
+    wl = _table(data.get("workload", {}), f"{src}: workload", _WORK)
+    trace = None
+    tenants = wl.get("tenants", [])
+    try:
+        if "trace" in wl:
+            trace = read_trace(base_dir / wl["trace"])
+        elif not isinstance(tenants, list):
+            raise ScenarioError(f"{src}: workload.tenants must be an array of tables")
+        else:
+            for i, t in enumerate(tenants):
+                for k in ("shards", "duration_s", "gpus"):
+                    if isinstance(t, dict) and k in t:
+                        check_dist(t[k], f"{src}: workload.tenants[{i}].{k}")
+    except TraceError as exc:
+        raise ScenarioError(str(exc)) from None
+
+    sc = Scenario(
+        name=name,
+        swarm=swarm,
+        network=model,
+        regions={str(k): float(v) for k, v in sorted(regions.items())},
+        churn=churn,
+        tenants=list(tenants),
+        trace=trace,
+        task=str(wl.get("task", "sim")),
+        peer_overrides=_overrides(data.get("peer", {}), f"{src}: peer", PeerConfig),
+        client_overrides=_overrides(data.get("client", {}), f"{src}: client", ClientConfig),
+        max_time_s=float(data.get("max_time_s", 86400.0)),
+        warmup_s=float(data.get("warmup_s", 10.0)),
+        settle_s=float(data.get("settle_s", 10.0)),
+        sample_s=float(data.get("sample_s", 0.0)),
+        bootstrap_peers=int(data.get("bootstrap_peers", 3)),
+        pubsub_fanout=int(data.get("pubsub_fanout", 0)),
+        forget_after_s=float(data.get("forget_after_s", 120.0)),
+        base_dir=base_dir,
+        profiles_dir=profiles_dir,
+        profiles=profiles,
+    )
+    for k in ("bootstrap", "devices", "power", "throughput"):
+        if k in sc.peer_overrides:
+            raise ScenarioError(f"{src}: peer.{k}: set hardware in the profile, not the scenario")
+    try:
+        for p in profiles.values():
+            p.peer_config(**sc.peer_overrides)
+        ClientConfig(**sc.client_overrides)
+    except (TypeError, ValueError) as exc:
+        raise ScenarioError(f"{src}: {exc}") from None
+    return sc
+
+
+def load_scenario(path: str | Path, *, profiles_dir: str | Path | None = None) -> Scenario:
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ScenarioError(f"{p}: no such scenario file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{p}: invalid TOML: {exc}") from None
+    return parse_scenario(data, src=str(p), base_dir=p.parent,
+                          profiles_dir=Path(profiles_dir) if profiles_dir is not None else None)

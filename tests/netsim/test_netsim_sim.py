@@ -1,0 +1,186 @@
+import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
+import json
+
+import pytest
+
+from netsim import Simulator, dumps_results, load_scenario, run_scenario
+
+from netsim_helpers import SCENARIOS, make_scenario
+
+WORK = {
+    "tenants": [
+        {"name": "t1", "jobs": 6, "rate_per_h": 600, "shards": {"dist": "lognormal", "median": 6, "sigma": 0.8, "max": 20},
+         "duration_s": {"dist": "lognormal", "median": 15, "sigma": 0.5, "min": 3, "max": 60}, "chain_fraction": 0.3,
+         "chain_max_shards": 4},
+        {"name": "t2", "jobs": 6, "rate_per_h": 600, "shards": {"dist": "pareto", "xm": 3, "alpha": 1.5, "max": 20},
+         "duration_s": {"dist": "uniform", "lo": 5, "hi": 25}, "chain_fraction": 0.3, "chain_max_shards": 4},
+        {"name": "t3", "jobs": 4, "rate_per_h": 600, "shards": 8, "duration_s": 10, "gpus": 2},
+    ]
+}
+SWARM = [
+    {"profile": "datacenter-a100", "count": 3},
+    {"profile": "workstation-rtx4090", "count": 12},
+    {"profile": "volunteer-gaming", "count": 15},
+]
+
+
+def assert_exactly_once(res):
+    s = res["summary"]
+    assert s["jobs_completed"] == s["jobs_submitted"] > 0
+    assert s["shards_completed"] == s["shards_submitted"]
+    assert s["shards_lost"] == 0
+    assert s["shards_duplicated"] == 0
+    assert all(j["finished"] and j["jct_s"] > 0 and j["rho"] > 0 for j in res["jobs"])
+
+
+def smoke():
+    return load_scenario(SCENARIOS / "smoke-20.toml")
+
+
+def test_smoke_deterministic_bytes():
+    a = dumps_results(run_scenario(smoke(), seed=3))
+    b = dumps_results(run_scenario(smoke(), seed=3))
+    c = dumps_results(run_scenario(smoke(), seed=4))
+    assert a == b
+    assert a != c
+    res = json.loads(a)
+    assert_exactly_once(res)
+    for k in ("jobs_completed", "shards_completed", "shards_lost", "shards_duplicated", "jain_index", "max_rho",
+              "mean_jct_s", "makespan_s", "energy_j", "carbon_g", "msgs_per_peer_s", "bytes_per_peer_s"):
+        assert k in res["summary"]
+    assert {"job_id", "tenant", "jct_s", "rho"} <= set(res["jobs"][0])
+    assert res["jobs"][0]["job_id"].startswith(("alice-", "bob-"))  # the trace's ids
+
+
+def test_caches_do_not_change_results():
+    fast = Simulator(smoke(), 5)
+    fast.run()
+    plain = Simulator(smoke(), 5, fast=False)
+    plain.run()
+    assert dumps_results(fast.results()) == dumps_results(plain.results())
+
+
+def test_auction_under_loss_duplication_reorder_and_crashes():
+    sc = make_scenario(
+        swarm=SWARM,
+        network={"loss": 0.05, "duplicate": 0.05, "reorder": 0.1, "reorder_ms": 200, "jitter_ms": 10,
+                 "regions": {"us": 1, "eu": 1}},
+        churn={"crash_fraction": 0.2, "crash_window_s": [20, 120]},
+        workload=WORK,
+        max_time_s=5000,
+    )
+    res = run_scenario(sc, seed=11)
+    assert_exactly_once(res)
+    assert res["peers"]["crashed"] == 6
+    assert res["network"]["lost"] > 0 and res["network"]["duplicated"] > 0
+
+
+def test_churn_small_with_joins_and_leaves():
+    sc = make_scenario(
+        swarm=SWARM,
+        network={"loss": 0.01, "regions": {"us": 0.5, "eu": 0.3, "asia": 0.2}},
+        churn={"crash_fraction": 0.1, "crash_window_s": [20, 100], "leave_fraction": 0.1,
+               "leave_window_s": [20, 100], "leave_grace_s": 20, "join_count": 5, "join_window_s": [10, 80]},
+        workload=WORK,
+        max_time_s=5000,
+    )
+    res = run_scenario(sc, seed=2)
+    assert_exactly_once(res)
+    p = res["peers"]
+    assert (p["crashed"], p["left"], p["joined"]) == (3, 3, 5)
+    s = res["summary"]
+    assert 0 < s["utilization"] < 1 and s["energy_j"] > s["energy_busy_j"] > 0 and s["carbon_g"] > 0
+    assert 0 < s["jain_index"] <= 1
+
+
+@pytest.mark.slow
+def test_churn_200_scenario():
+    sc = load_scenario(SCENARIOS / "churn-200.toml")
+    a = dumps_results(run_scenario(sc, seed=1))
+    res = json.loads(a)
+    assert_exactly_once(res)
+    assert res["peers"]["initial"] == 200 and res["peers"]["crashed"] == 20
+    # (byte-identical reruns are covered on smoke-20 to keep the suite fast)
+
+
+@pytest.mark.parametrize("name", ["partition-20", "dup-reorder-20", "leave-20"])
+def test_fault_scenarios_complete_exactly_once(name):
+    res = run_scenario(load_scenario(SCENARIOS / f"{name}.toml"), seed=1)
+    assert_exactly_once(res)
+
+
+def test_scaled_keeps_mix():
+    sc = load_scenario(SCENARIOS / "churn-200.toml").scaled(50)
+    assert sc.n_peers == 50
+    assert [g.count for g in sc.swarm] == [4, 6, 15, 25]
+
+
+# -- views ---------------------------------------------------------------------
+
+def view_sim(**kw):
+    sc = make_scenario(swarm=[{"profile": "workstation-rtx4090", "count": 50}], max_time_s=1000,
+                       network={"regions": {"us": 1, "eu": 1}, **kw.pop("network", {})}, **kw)
+    return Simulator(sc, seed=9)
+
+
+def all_know_each_other(sim):
+    live = sorted(r.id for r in sim.live_peers())
+    for r in sim.live_peers():
+        known = {e.peer for e in r.core.view.live(sim.now)}
+        if not set(live) <= known:
+            return False
+    return True
+
+
+def test_views_converge():
+    sim = view_sim()
+    sim.run_until(30.0)
+    assert all_know_each_other(sim)
+
+
+def test_partition_heals():
+    sim = view_sim(network={"partitions": [{"start_s": 20, "end_s": 40, "fraction": 0.5}]})
+    sim.run_until(39.9)
+    assert sim.net_stats["partitioned"] > 0
+    side_b = sim.part_b[0]
+    a_peer = next(r for r in sim.live_peers() if r.id not in side_b)
+    # during the split, nothing a-side knows of b-side was issued after the split began
+    for e in a_peer.core.view.live(sim.now):
+        if e.peer in side_b:
+            assert e.issued_at < 20.0 + 1e-9
+    sim.run_until(80.0)
+    assert all_know_each_other(sim)
+    b_peer = next(r for r in sim.live_peers() if r.id in side_b)
+    assert a_peer.core.view.get(b_peer.id).issued_at > 40.0
+
+
+def test_crashed_peer_leaves_every_view_within_ttl():
+    sim = view_sim()
+    sim.run_until(25.0)
+    victim = sim.live_peers()[7]
+    cfg = victim.core.config
+    sim.schedule(30.0, "crash", victim.id)
+    sim.run_until(30.0 + cfg.state_ttl_s + cfg.gossip_interval_s + 0.01)
+    assert not victim.alive
+    for r in sim.live_peers():
+        assert victim.id not in r.core.view, r.id
+    assert all_know_each_other(sim)
+
+
+def test_graceful_leave_is_seen_at_once():
+    sim = view_sim()
+    sim.run_until(25.0)
+    leaver = sim.live_peers()[3]
+    sim.schedule(26.0, "leave", leaver.id)
+    sim.run_until(28.0)
+    assert not leaver.alive and leaver.fate == "left"
+    for r in sim.live_peers():
+        assert leaver.id not in {e.peer for e in r.core.view.live(sim.now)}
+
+
+@pytest.mark.xfail(strict=True, reason="core: after a partition longer than state_ttl_s the halves never re-merge "
+                   "(PeerCore._gossip_round falls back to bootstrap peers only when its view is empty)")
+def test_long_partition_heals():
+    sim = view_sim(network={"partitions": [{"start_s": 20, "end_s": 120, "fraction": 0.5}]})
+    sim.run_until(300.0)
+    assert all_know_each_other(sim)
