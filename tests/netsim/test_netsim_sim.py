@@ -178,8 +178,6 @@ def test_graceful_leave_is_seen_at_once():
         assert leaver.id not in {e.peer for e in r.core.view.live(sim.now)}
 
 
-@pytest.mark.xfail(strict=True, reason="core: after a partition longer than state_ttl_s the halves never re-merge "
-                   "(PeerCore._gossip_round falls back to bootstrap peers only when its view is empty)")
 def test_long_partition_heals():
     sim = view_sim(network={"partitions": [{"start_s": 20, "end_s": 120, "fraction": 0.5}]})
     sim.run_until(300.0)

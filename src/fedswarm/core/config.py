@@ -39,6 +39,7 @@ class PeerConfig:
     gossip_entries: int = 8
     state_ttl_s: float = 30.0
     state_refresh_s: float = 10.0
+    gossip_probe_rate: float = 0.1  # per round: ask a lost or bootstrap peer for its view
     max_view: int = 1024
     # -- auction, leases, results ------------------------------------------
     renew_interval_s: float = 2.0

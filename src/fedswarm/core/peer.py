@@ -215,13 +215,17 @@ class PeerCore(Node):
             self._next_gossip = now + self.config.gossip_interval_s
             self.view.expire(now)
             out.extend(self._gossip_round(now))
+        etas: dict[LeaseKey, float] | None = None
         for lease in list(self.leases.values()):
             if now - lease.last_ack_at > self.config.lease_grace_s:
                 self.stats["leases_abandoned"] += 1
                 out.extend(self._drop(lease))
+                etas = None
             elif now >= lease.next_renew_at:
+                if etas is None:
+                    etas = self._etas(now)
                 lease.next_renew_at = now + self.config.renew_interval_s
-                out.append(self._send(lease.tenant, self._renew_msg(lease, now), now))
+                out.append(self._send(lease.tenant, self._renew_msg(lease, now, etas.get(lease.key)), now))
         for key, ob in list(self.outbox.items()):
             if now >= ob.next_at:
                 if ob.left <= 0:
@@ -340,7 +344,16 @@ class PeerCore(Node):
         k = min(self.config.gossip_fanout, len(peers))
         targets = self.rng.sample(peers, k)
         want_reply = len(peers) < 2 * self.config.gossip_entries
-        return [self._gossip_to(now, t, reply=want_reply, entries=self.config.gossip_entries) for t in targets]
+        out = [self._gossip_to(now, t, reply=want_reply, entries=self.config.gossip_entries) for t in targets]
+        # now and then, probe a peer we lost (or a bootstrap peer) and ask for
+        # its view: after a partition longer than the TTL both sides have
+        # forgotten each other, and this is how they meet again
+        if self.rng.random() < self.config.gossip_probe_rate:
+            lost = sorted(self.view.graveyard) or [b for b in self.config.bootstrap if b != self.id and b not in self.view]
+            if lost:
+                out.append(self._gossip_to(now, self.rng.choice(lost), reply=True, entries=self.config.gossip_entries))
+                self.stats["gossip_probes"] += 1
+        return out
 
     # ------------------------------------------------------------------
     # messages
@@ -526,11 +539,29 @@ class PeerCore(Node):
             out.append(self._send(tenant, self._renew_msg(lease, now), now))
         return out
 
-    def _renew_msg(self, lease: _Lease, now: float) -> LeaseRenew:
+    def _etas(self, now: float) -> dict[LeaseKey, float]:
+        """Seconds until each lease's shard finishes here, in queue order."""
+        slots = self.config.slots
+        busy = sum(self._remaining(lease, now) for lease in self.leases.values() if lease.state == LeaseState.RUNNING)
+        out: dict[LeaseKey, float] = {}
+        ctx = self._context(now)
+        queued = sorted(
+            (lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED),
+            key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s), lease.key),
+        )
+        ahead = busy
+        for lease in self.leases.values():
+            if lease.state == LeaseState.RUNNING:
+                out[lease.key] = self._remaining(lease, now) / max(lease.job.gpus, 1)
+        for lease in queued:
+            out[lease.key] = ahead / slots + lease.run_s
+            ahead += self._remaining(lease, now)
+        return out
+
+    def _renew_msg(self, lease: _Lease, now: float, eta: float | None = None) -> LeaseRenew:
         running = lease.state == LeaseState.RUNNING
-        eta = self._remaining(lease, now) / max(lease.job.gpus, 1)
-        if not running:
-            eta += self._wait_estimate(lease.job, lease.tenant, now)
+        if eta is None:
+            eta = self._etas(now).get(lease.key, 0.0)
         return LeaseRenew(lease.job.job_id, lease.key[2], lease.key[3], running, eta)
 
     def _on_lease_ack(self, now: float, signed: Signed, ack: LeaseAck) -> list[Effect]:

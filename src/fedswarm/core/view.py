@@ -48,11 +48,20 @@ class ViewEntry:
 class View:
     """Bounded map of peer id -> newest ``ViewEntry``."""
 
-    def __init__(self, self_id: str, max_size: int = 1024) -> None:
+    def __init__(self, self_id: str, max_size: int = 1024, graveyard_s: float = 600.0) -> None:
         self.self_id = self_id
         self.max_size = max_size
+        self.graveyard_s = graveyard_s
         self._entries: dict[str, ViewEntry] = {}
         self._sorted_cache: list[str] | None = None
+        self._version = 0
+        self._live_key: tuple[float, int] | None = None
+        self._live_val: list[ViewEntry] = []
+        #: peers learnt most recently, newest last (rumour half of gossip)
+        self._recent: list[str] = []
+        #: peers whose state expired recently -> when; probed now and then so
+        #: that the two sides of a healed partition find each other again
+        self.graveyard: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -77,6 +86,11 @@ class View:
                 return False
             self._sorted_cache = None
         self._entries[peer] = ViewEntry(peer, state, issued_at, raw, now, trusted)
+        self._version += 1
+        self.graveyard.pop(peer, None)
+        self._recent.append(peer)
+        if len(self._recent) > 256:
+            del self._recent[:128]
         return True
 
     def _evict(self, now: float) -> bool:
@@ -86,20 +100,32 @@ class View:
         victim = min(victims, key=lambda e: (e.expires_at, e.peer))
         del self._entries[victim.peer]
         self._sorted_cache = None
+        self._version += 1
         return True
 
     def expire(self, now: float) -> list[str]:
         """Drop expired entries; return the ids dropped (sorted)."""
         dead = sorted(p for p, e in self._entries.items() if e.expires_at <= now and p != self.self_id)
         for p in dead:
+            if not self._entries[p].state.leaving:
+                self.graveyard[p] = now
             del self._entries[p]
         if dead:
             self._sorted_cache = None
+            self._version += 1
+        if self.graveyard:
+            horizon = now - self.graveyard_s
+            self.graveyard = {p: t for p, t in self.graveyard.items() if t > horizon}
+            if len(self.graveyard) > self.max_size:
+                keep = sorted(self.graveyard.items(), key=lambda kv: (-kv[1], kv[0]))[: self.max_size]
+                self.graveyard = dict(keep)
         return dead
 
     def remove(self, peer: str) -> None:
+        self.graveyard.pop(peer, None)
         if self._entries.pop(peer, None) is not None:
             self._sorted_cache = None
+            self._version += 1
 
     def peers(self) -> list[str]:
         """Known peer ids in sorted order (deterministic iteration)."""
@@ -108,30 +134,48 @@ class View:
         return self._sorted_cache
 
     def live(self, now: float) -> list[ViewEntry]:
-        """Entries that are unexpired and not leaving, sorted by peer id."""
-        out = []
-        for p in self.peers():
-            e = self._entries[p]
-            if e.expires_at > now and not e.state.leaving:
-                out.append(e)
-        return out
+        """Entries that are unexpired and not leaving, sorted by peer id.
+
+        Memoised per ``(now, version)``: callers must not mutate the list.
+        """
+        key = (now, self._version)
+        if key != self._live_key:
+            out = []
+            for p in self.peers():
+                e = self._entries[p]
+                if e.issued_at + e.state.ttl_s > now and not e.state.leaving:
+                    out.append(e)
+            self._live_key, self._live_val = key, out
+        return self._live_val
 
     def sample_for_gossip(self, k: int, rng: random.Random, now: float, exclude: str) -> list[ViewEntry]:
-        """Up to ``k`` entries: half most recently learnt, half uniform."""
-        cands = [
-            self._entries[p]
-            for p in self.peers()
-            if p != exclude and p != self.self_id and self._entries[p].expires_at > now
-        ]
-        if len(cands) <= k:
-            return cands
-        fresh_n = k // 2
-        by_fresh = sorted(cands, key=lambda e: (-e.learnt_at, e.peer))
-        chosen = by_fresh[:fresh_n]
-        chosen_ids = {e.peer for e in chosen}
-        rest = [e for e in cands if e.peer not in chosen_ids]
-        chosen.extend(rng.sample(rest, k - fresh_n))
-        return chosen
+        """Up to ``k`` unexpired entries: half the most recently learnt
+        (rumour spreading), the rest uniformly at random (anti-entropy)."""
+        if k <= 0:
+            return []
+
+        def ok(p: str) -> bool:
+            e = self._entries.get(p)
+            return e is not None and p != exclude and p != self.self_id and e.expires_at > now
+
+        chosen: list[str] = []
+        seen: set[str] = set()
+        for p in reversed(self._recent):
+            if len(chosen) >= k // 2:
+                break
+            if p not in seen and ok(p):
+                chosen.append(p)
+            seen.add(p)
+        peers = self.peers()
+        want = min(k, len(peers))
+        tries = 0
+        while len(chosen) < want and tries < 4 * k:
+            tries += 1
+            p = peers[rng.randrange(len(peers))]
+            if p not in seen and ok(p):
+                chosen.append(p)
+            seen.add(p)
+        return [self._entries[p] for p in chosen]
 
     def __repr__(self) -> str:
         return f"<View {len(self._entries)} peers>"

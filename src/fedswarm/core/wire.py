@@ -677,7 +677,7 @@ def encode(
     if check:
         # refuse to send what a receiver would refuse (h11: validate eagerly)
         try:
-            type(msg).from_body(msgpack.unpackb(msgpack.packb(body, use_bin_type=True), raw=False))
+            type(msg).from_body(body)  # to_body gives exactly the wire types
         except RemoteProtocolError as exc:
             raise LocalProtocolError(exc.reason, exc.detail) from None
     payload = msgpack.packb(
