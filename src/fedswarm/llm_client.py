@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -163,6 +164,9 @@ class SwarmLLM:
         ban_s: float = 60.0,
         max_chunk: int = 256,
         route_timeout: float = 10.0,
+        spot_check_rate: float = 0.05,
+        spot_check_tol: float = 1e-2,
+        seed: int | None = None,
     ) -> None:
         self.transport = transport
         self.view = view
@@ -175,7 +179,13 @@ class SwarmLLM:
         self.route_timeout = route_timeout
         self.rtt: dict[str, float] = {}  # EWMA of one-token round trips per peer
         self.banned: dict[str, float] = {}  # peer -> banned until (monotonic)
-        self.stats = {"requests": 0, "failures": 0, "recoveries": 0}
+        self.stats = {"requests": 0, "failures": 0, "recoveries": 0,
+                      "spot_checks": 0, "spot_mismatches": 0, "spot_banned": 0}
+        # spot checks: now and then an untrusted hop's outputs are recomputed
+        # by another peer serving the same span and compared (see _spot_check)
+        self.spot_check_rate = spot_check_rate
+        self.spot_check_tol = spot_check_tol
+        self.rng = random.Random(seed)
         self.active: set[InferenceSession] = set()  # open sessions (their .hops is the chain)
 
     # -- routing -------------------------------------------------------------
@@ -210,9 +220,12 @@ class SwarmLLM:
                               f"after {timeout}s; spans seen: {have}")
             await trio.sleep(0.02)
 
-    def ban(self, peer: str) -> None:
-        self.banned[peer] = time.monotonic() + self.ban_s
+    def ban(self, peer: str, seconds: float | None = None) -> None:
+        self.banned[peer] = time.monotonic() + (self.ban_s if seconds is None else seconds)
         self.rtt.pop(peer, None)
+
+    def trusted(self, peer: str) -> bool:
+        return any(e.peer == peer and getattr(e, "trusted", False) for e in self.view())
 
     # -- requests --------------------------------------------------------------
     async def _request(self, peer: str, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
@@ -396,7 +409,13 @@ class InferenceSession:
                 continue
             e = hs.hop.end
             keep = hs.pos_before
-            self.hist[e] = torch.cat([self.hist[e][:keep], out]) if keep else out
+            full = torch.cat([self.hist[e][:keep], out]) if keep else out
+            if await self._spot_check(hs, n + t, full):
+                # the hop lied: it is banned; recompute from a replacement
+                attempts += 1
+                await self._reroute(b, hs)
+                continue
+            self.hist[e] = full
             b = e
         self.length = n + t
         if attempts:
@@ -404,6 +423,79 @@ class InferenceSession:
             for r in self.recoveries:
                 r.setdefault("recovered_s", round(done - r["t"], 4))
         return self.hist[llm.num_layers][n:]
+
+    async def _spot_check(self, hs: _HopState, upto: int, full: torch.Tensor) -> bool:
+        """Maybe recompute a hop's outputs ``[0, upto)`` on another peer that
+        serves the same span, and compare. Returns True if the hop is judged
+        to have lied (and bans it).
+
+        Who is believed: a trusted peer (federation member) over an untrusted
+        one; between two untrusted peers, a third one with the span decides;
+        with no third, both are banned from routing for ``ban_s`` and the
+        step is recomputed elsewhere (or fails if nobody else serves it).
+        """
+        llm = self.llm
+        peer = hs.hop.peer
+        if llm.spot_check_rate <= 0 or llm.trusted(peer) or llm.rng.random() >= llm.spot_check_rate:
+            return False
+        others = [h for h in llm.hops() if h.start == hs.hop.start and h.end == hs.hop.end
+                  and h.peer != peer and h.peer not in llm.excluded()]
+        if not others:
+            return False
+        others.sort(key=lambda h: (not llm.trusted(h.peer), h.peer))
+        llm.stats["spot_checks"] += 1
+        x = self.hist[hs.hop.start][:upto]
+        verdicts: list[tuple[str, bool]] = []  # (checker, agrees)
+        for other in others[:2]:
+            try:
+                ref = await self._replay_on(other, x)
+            except _HopFailed:
+                continue
+            agrees = self._close(full, ref)
+            verdicts.append((other.peer, agrees))
+            if agrees or llm.trusted(other.peer):
+                break
+        if not verdicts or verdicts[0][1]:
+            return False
+        llm.stats["spot_mismatches"] += 1
+        checker, _ = verdicts[0]
+        if llm.trusted(checker) or (len(verdicts) > 1 and not verdicts[1][1]):
+            llm.ban(peer, seconds=10 * llm.ban_s)  # outvoted: the hop lied
+            llm.stats["spot_banned"] += 1
+            return True
+        if len(verdicts) > 1:  # the second checker agreed with the hop
+            llm.ban(checker, seconds=10 * llm.ban_s)
+            llm.stats["spot_banned"] += 1
+            return False
+        llm.ban(peer)  # undecidable: trust neither
+        llm.ban(checker)
+        return True
+
+    def _close(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        if a.shape != b.shape:
+            return False
+        scale = max(float(a.abs().max()), 1e-6)
+        return float((a.float() - b.float()).abs().max()) <= self.llm.spot_check_tol * scale
+
+    async def _replay_on(self, hop: Hop, x: torch.Tensor) -> torch.Tensor:
+        """Run ``x`` through ``hop`` in a throwaway session; return its outputs."""
+        llm = self.llm
+        probe = InferenceSession(llm, self.max_length)
+        hs = _HopState(hop)
+        try:
+            outs = []
+            while hs.pos < len(x):
+                outs.append(await probe._forward(hs, x[hs.pos : min(len(x), hs.pos + llm.max_chunk)]))
+            return torch.cat(outs) if len(outs) > 1 else outs[0]
+        except _Resync as rs:
+            raise _HopFailed(hop.peer, f"spot check out of sync ({rs})") from None
+        finally:
+            with trio.move_on_after(2):
+                try:
+                    await llm._request(hop.peer, {"v": WIRE_VERSION, "op": "close", "model": llm.model_hash,
+                                                  "session": probe.id}, 2.0)
+                except _HopFailed:
+                    pass
 
     async def _run_hop(self, hs: _HopState, upto: int) -> torch.Tensor:
         """Bring the hop's session to position ``upto``: send the inputs it

@@ -1,0 +1,156 @@
+"""Testing helpers: a small deterministic swarm of cores (like trio.testing).
+
+``MiniSwarm`` connects ``PeerCore``s and ``ClientCore``s with a fixed-latency,
+optionally lossy/duplicating network and "runs" shards for their ``run_s``
+in virtual time, with optional lying peers. It is the quick way to test a
+policy or a protocol property in a few lines; netsim does the same at scale
+with a network model, churn and workloads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.config import ClientConfig, PeerConfig
+from fedswarm.core.events import (
+    CancelShard,
+    JobFinished,
+    MessageReceived,
+    Publish,
+    RunShard,
+    Send,
+    ShardDelivered,
+    ShardFinished,
+)
+from fedswarm.core.identity import Identity
+from fedswarm.core.membership import issue_membership
+from fedswarm.core.peer import PeerCore
+from fedswarm.core.wire import VerifyCache
+
+
+def ident(i: int, salt: int = 0) -> Identity:
+    return Identity.from_seed(random.Random(i * 7919 + salt).randbytes(32))
+
+
+@dataclass
+class MiniSwarm:
+    n: int
+    seed: int = 0
+    latency: float = 0.01
+    loss: float = 0.0
+    dup: float = 0.0
+    peer_config: Callable[[int], PeerConfig] | None = None
+    client_config: ClientConfig = field(default_factory=ClientConfig)
+    now: float = 1000.0
+    #: peer index -> probability that it returns a wrong result
+    liars: dict[int, float] = field(default_factory=dict)
+    #: peer indices admitted by the test federation (trusted)
+    trusted: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.q: list[tuple[float, int, Any]] = []
+        self.seq = 0
+        self.cache = VerifyCache()
+        ids = [ident(i, self.seed) for i in range(self.n)]
+        boot = (ids[0].peer_id,)
+        self.federation = ident(424242)
+        feds = frozenset({self.federation.peer_id})
+        self.liar_ids = {ids[i].peer_id: p for i, p in self.liars.items()}
+        self.peers: dict[str, PeerCore] = {}
+        for i, idn in enumerate(ids):
+            cfg = self.peer_config(i) if self.peer_config else PeerConfig()
+            member = issue_membership(self.federation, idn.peer_id, 1e12) if i in self.trusted else b""
+            cfg = PeerConfig(**{**cfg.__dict__, "bootstrap": boot, "federations": feds, "membership": member})
+            self.peers[idn.peer_id] = PeerCore(idn, cfg, random.Random(self.seed * 1000 + i), verify_cache=self.cache)
+        self.clients: dict[str, ClientCore] = {}
+        self.dead: set[str] = set()
+        self.delivered: list[ShardDelivered] = []
+        self.finished: dict[str, JobFinished] = {}
+        self.running: dict[tuple, int] = {}
+        self.bytes_sent = 0
+        self.msgs_sent = 0
+        self.executions = 0  # shard runs that finished
+        self.lies = 0  # of which returned a wrong result
+        for pid, p in sorted(self.peers.items()):
+            self._perform(pid, p.start(self.now))
+
+    def add_client(self, i: int = 0, **kw: Any) -> ClientCore:
+        idn = ident(10_000 + i, self.seed)
+        cfg = ClientConfig(**{**self.client_config.__dict__, "bootstrap": (next(iter(sorted(self.peers))),),
+                              "federations": frozenset({self.federation.peer_id}), **kw})
+        c = ClientCore(idn, cfg, random.Random(self.seed + 77 + i), verify_cache=self.cache)
+        self.clients[idn.peer_id] = c
+        self._perform(idn.peer_id, c.start(self.now))
+        return c
+
+    def node(self, pid: str) -> Any:
+        return self.peers.get(pid) or self.clients.get(pid)
+
+    def _push(self, t: float, action: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.q, (t, self.seq, action))
+
+    def _perform(self, src: str, effects: list[Any]) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                self.msgs_sent += 1
+                self.bytes_sent += len(e.data)
+                if self.rng.random() < self.loss:
+                    continue
+                copies = 2 if self.rng.random() < self.dup else 1
+                for c in range(copies):
+                    self._push(self.now + self.latency * (1 + c + self.rng.random()), ("msg", src, e.to, e.data))
+            elif isinstance(e, Publish):
+                for pid in sorted(self.peers):
+                    if pid != src:
+                        self._push(self.now + self.latency, ("msg", src, pid, e.data))
+            elif isinstance(e, RunShard):
+                key = (src, e.tenant, e.job_id, e.shard, e.attempt)
+                self.running[key] = self.running.get(key, 0) + 1
+                self._push(self.now + e.run_s, ("fin", src, e, self.running[key]))
+            elif isinstance(e, CancelShard):
+                key = (src, e.tenant, e.job_id, e.shard, e.attempt)
+                self.running[key] = self.running.get(key, 0) + 1  # invalidates the pending finish
+            elif isinstance(e, ShardDelivered):
+                self.delivered.append(e)
+            elif isinstance(e, JobFinished):
+                self.finished[e.job_id] = e
+
+    def crash(self, pid: str) -> None:
+        self.dead.add(pid)
+
+    def step_until(self, t_end: float, stop: Callable[[], bool] | None = None) -> None:
+        while True:
+            nodes = sorted((pid, n) for pid, n in list(self.peers.items()) + list(self.clients.items()) if pid not in self.dead)
+            t_next = min([n.next_deadline() for _, n in nodes] + [self.q[0][0] if self.q else float("inf"), t_end])
+            self.now = max(self.now, t_next)
+            if self.now >= t_end or (stop is not None and stop()):
+                return
+            while self.q and self.q[0][0] <= self.now:
+                _, _, act = heapq.heappop(self.q)
+                if act[0] == "msg":
+                    _, src, dst, data = act
+                    node = self.node(dst)
+                    if node is None or dst in self.dead:
+                        continue
+                    self._perform(dst, node.handle(self.now, MessageReceived(src, data)))
+                else:
+                    _, pid, e, gen = act
+                    key = (pid, e.tenant, e.job_id, e.shard, e.attempt)
+                    if pid in self.dead or self.running.get(key) != gen:
+                        continue
+                    result = b"r%d" % e.shard
+                    self.executions += 1
+                    if self.rng.random() < self.liar_ids.get(pid, 0.0):
+                        result = b"wrong-%d" % self.rng.randrange(10**6)
+                        self.lies += 1
+                    fin = ShardFinished(e.tenant, e.job_id, e.shard, e.attempt, True, result, run_s=e.run_s)
+                    self._perform(pid, self.peers[pid].handle(self.now, fin))
+            for pid, n in nodes:
+                if pid not in self.dead and n.next_deadline() <= self.now:
+                    self._perform(pid, n.poll(self.now))
