@@ -144,6 +144,10 @@ class _Job:
     finished_at: float = 0.0
 
 
+def _speed(throughput: dict[str, float], task: str) -> float:
+    return max(throughput.get(task, throughput.get("*", 1.0)), 1e-6)
+
+
 class ClientCore(Node):
     """A tenant's auction and lease bookkeeping. See the module docstring."""
 
@@ -349,7 +353,10 @@ class ClientCore(Node):
         excluded = max((len(s.exclude) for s in open_), default=0)
         want = min(max(int(math.ceil(cfg.probe_ratio * len(open_))), cfg.probe_min) + excluded, cfg.probe_max, len(cands))
         pool = self.rng.sample(cands, min(len(cands), 2 * want))
-        pool.sort(key=lambda e: (e.state.backlog_s / max(e.state.slots, 1), e.peer))
+        # power of d choices on the estimated finish of one shard there: the
+        # peer's backlog (already per slot) plus the shard's run time at its speed
+        spec = job.spec
+        pool.sort(key=lambda e: (e.state.backlog_s + spec.work_s / _speed(e.state.throughput, spec.task), e.peer))
         invited = [e.peer for e in pool[:want]]
         shards = tuple(s.index for s in open_[:4096])
         rid = job.next_round_id

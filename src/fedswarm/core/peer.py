@@ -472,6 +472,9 @@ class PeerCore(Node):
         wait = self._wait_estimate(job, tenant, now)
         work = job.work_s / self._speed(job.task)
         deadline = None if job.deadline_s is None else job.submitted_at + job.deadline_s - now
+        if deadline is not None and job.chain:
+            # a chain's deadline covers the shards still to come: this one gets its share
+            deadline /= max(job.shards - min(cfb.shards), 1)
         choice = choose_level(
             self.config.power,
             work,
