@@ -261,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     a = ap.parse_args(argv)
+    if a.cmd in ("submit", "generate"):
+        from .daemon import quiet_libraries
+
+        quiet_libraries()
     handler = {
         "start": _cmd_start,
         "status": _cmd_status,

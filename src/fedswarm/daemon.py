@@ -177,5 +177,11 @@ def setup_logging(fmt: str = "json", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """py-libp2p logs every failed dial as an error; fedswarm maps those to
+    ``PeerUnreachable`` and counts them, so the library's own log is muted."""
     for noisy in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)

@@ -100,6 +100,7 @@ class LocalSwarm:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         log_file: bool = True,
+        per_peer_args: list[list[str]] | None = None,
     ) -> None:
         self.n = n
         self.workdir = Path(workdir)
@@ -108,6 +109,7 @@ class LocalSwarm:
         self.extra_args = extra_args or []
         self.env = {**os.environ, **(env or {})}
         self.log_file = log_file
+        self.per_peer_args = per_peer_args or []
         self.peers: list[PeerProcess] = []
 
     def spawn_peer(self, i: int, *, bootstrap: list[str] | None = None, extra: list[str] | None = None) -> PeerProcess:
@@ -123,7 +125,8 @@ class LocalSwarm:
         ]
         for b in bootstrap or []:
             cmd += ["--bootstrap", b]
-        cmd += self.extra_args + (extra or [])
+        own = self.per_peer_args[i] if i < len(self.per_peer_args) else []
+        cmd += self.extra_args + own + (extra or [])
         err = open(d / "peer.log", "a") if self.log_file else subprocess.DEVNULL
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=self.env)
         return PeerProcess(proc, d)
