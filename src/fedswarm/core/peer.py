@@ -587,7 +587,8 @@ class PeerCore(Node):
             if key[0] == signed.author and key[1] == cancel.job_id and (not wanted or key[2] in wanted):
                 self.stats["shards_cancelled"] += 1
                 out.extend(self._drop(lease))
-        for key in [k for k in self.outbox if k[0] == signed.author and k[1] == cancel.job_id]:
+        for key in [k for k in self.outbox if k[0] == signed.author and k[1] == cancel.job_id
+                    and (not wanted or k[2] in wanted)]:
             del self.outbox[key]
         return out + self._schedule(now)
 
