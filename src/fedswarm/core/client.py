@@ -34,6 +34,7 @@ Shard states::
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from dataclasses import dataclass, field
@@ -115,6 +116,7 @@ class _Shard:
     failures: int = 0
     holders: dict[int, str] = field(default_factory=dict)  # attempt -> peer
     round: int = -1
+    counts: dict[str, int] = field(default_factory=dict)  # the job's shards per state (shared)
     # verification: results held until a quorum of distinct peers agrees
     candidates: list[tuple[str, int, ShardResult, bytes]] = field(default_factory=list)
     exclude: set[str] = field(default_factory=set)
@@ -142,6 +144,7 @@ class _Job:
     backoff: float = 0.0
     next_round_id: int = 0
     finished_at: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def _speed(throughput: dict[str, float], task: str) -> float:
@@ -176,6 +179,9 @@ class ClientCore(Node):
         #: agreed results per untrusted peer (drives how often it is checked)
         self.reputation: dict[str, float] = {}
         self._accused: set[str] = set()  # peers accused with a trusted witness
+        self._active: dict[str, _Job] = {}  # unfinished jobs
+        # (lease_until, job_id, shard, attempt); stale entries are skipped
+        self._lease_heap: list[tuple[float, str, int, int]] = []
         self._next_gossip = 0.0
         self._counter = 0
 
@@ -209,7 +215,10 @@ class ClientCore(Node):
             params=pack_params(req.params),
         )
         raw = self._encode(spec, now)
-        self.jobs[job_id] = _Job(spec, raw, [_Shard(i) for i in range(req.shards)], now, next_round_at=now)
+        counts = {ShardState.OPEN: req.shards, ShardState.BIDDING: 0, ShardState.AWARDED: 0, ShardState.DONE: 0}
+        shards = [_Shard(i, counts=counts) for i in range(req.shards)]
+        job = self.jobs[job_id] = _Job(spec, raw, shards, now, next_round_at=now, counts=counts)
+        self._active[job_id] = job
         self.stats["jobs_submitted"] += 1
         return job_id, self._advance(now, self.jobs[job_id])
 
@@ -217,8 +226,7 @@ class ClientCore(Node):
         job = self.jobs.get(job_id)
         if job is None or job.finished:
             return []
-        job.finished = True
-        job.finished_at = now
+        self._finish(job, now)
         holders = sorted({s.peer for s in job.shards if s.state == ShardState.AWARDED and s.peer})
         out: list[Effect] = [self._send(p, Cancel(job_id, ()), now) for p in holders]
         out.append(JobFinished(job_id, False, "cancelled"))
@@ -261,30 +269,47 @@ class ClientCore(Node):
             peers = [p for p in self.view.peers() if p != self.id] or list(self.config.bootstrap)
             if peers:
                 out.append(self._gossip_to(now, self.rng.choice(peers), reply=True, entries=0))
-        for job in list(self.jobs.values()):
-            if job.finished:
+        heap = self._lease_heap
+        while heap and heap[0][0] <= now:
+            until, jid, idx, attempt = heapq.heappop(heap)
+            job = self._active.get(jid)
+            if job is None:
                 continue
-            for sh in job.shards:
-                if sh.state == ShardState.AWARDED and now >= sh.lease_until:
-                    self.stats["leases_lapsed"] += 1
-                    self._suspect[sh.peer] = now + self.config.suspect_s
-                    self._reopen(job, sh)
+            sh = job.shards[idx]
+            if sh.state == ShardState.AWARDED and sh.attempt == attempt and sh.lease_until == until:
+                self.stats["leases_lapsed"] += 1
+                self._suspect[sh.peer] = now + self.config.suspect_s
+                self._reopen(job, sh)
+        for job in list(self._active.values()):
             out.extend(self._advance(now, job))
         return out
 
     def next_deadline(self) -> float:
         t = self._next_gossip
-        for job in self.jobs.values():
-            if job.finished:
-                continue
+        heap = self._lease_heap
+        while heap:
+            until, jid, idx, attempt = heap[0]
+            job = self._active.get(jid)
+            sh = job.shards[idx] if job is not None else None
+            if sh is not None and sh.state == ShardState.AWARDED and sh.attempt == attempt and sh.lease_until == until:
+                t = min(t, until)
+                break
+            heapq.heappop(heap)  # stale: renewed, settled or finished
+        for job in self._active.values():
             if job.round is not None:
                 t = min(t, job.round.close_at)
-            elif any(s.state == ShardState.OPEN for s in self._openable(job)):
+            elif job.counts[ShardState.OPEN] and self._openable(job):
                 t = min(t, job.next_round_at)
-            for sh in job.shards:
-                if sh.state == ShardState.AWARDED:
-                    t = min(t, sh.lease_until)
         return t
+
+    def _set_lease(self, sh: _Shard, job_id: str, until: float) -> None:
+        sh.lease_until = until
+        heapq.heappush(self._lease_heap, (until, job_id, sh.index, sh.attempt))
+
+    def _finish(self, job: _Job, now: float) -> None:
+        job.finished = True
+        job.finished_at = now
+        self._active.pop(job.spec.job_id, None)
 
     def job_status(self, job_id: str) -> dict[str, Any]:
         job = self.jobs[job_id]
@@ -310,6 +335,8 @@ class ClientCore(Node):
         new = _TRANSITIONS.get((sh.state, event))
         if new is None:
             raise LocalProtocolError("bad-transition", f"shard {sh.index}: {sh.state} --{event}-->")
+        sh.counts[sh.state] -= 1
+        sh.counts[new] += 1
         sh.state = new
 
     def _openable(self, job: _Job) -> list[_Shard]:
@@ -339,7 +366,7 @@ class ClientCore(Node):
         out: list[Effect] = []
         if job.round is not None and now >= job.round.close_at:
             out.extend(self._close_round(now, job))
-        if job.finished or job.round is not None or now < job.next_round_at:
+        if job.finished or job.round is not None or now < job.next_round_at or not job.counts[ShardState.OPEN]:
             return out
         open_ = self._openable(job)
         if not open_:
@@ -429,7 +456,7 @@ class ClientCore(Node):
             self._move(sh, "award")
             sh.peer = peer
             sh.holders[sh.attempt] = peer
-            sh.lease_until = now + self.config.lease_s + self.config.bid_window_s
+            self._set_lease(sh, job.spec.job_id, now + self.config.lease_s + self.config.bid_window_s)
             awarded_any = True
             self.stats["awards_sent"] += 1
             award = Award(job.raw, peer, i, sh.attempt, self.config.lease_s, bid.level)
@@ -462,7 +489,7 @@ class ClientCore(Node):
         job, sh = found
         current = not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt
         if current:
-            sh.lease_until = now + self.config.lease_s
+            self._set_lease(sh, job.spec.job_id, now + self.config.lease_s)
         self.stats["renewals"] += 1
         return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, current, self.config.lease_s), now)]
 
@@ -585,8 +612,7 @@ class ClientCore(Node):
         return [Publish(TOPIC_ACCUSATIONS, self._encode(acc, now), "Accusation")]
 
     def _fail(self, now: float, job: _Job, sh: _Shard, error: str) -> list[Effect]:
-        job.finished = True
-        job.finished_at = now
+        self._finish(job, now)
         out: list[Effect] = [JobFinished(job.spec.job_id, False, error)]
         out.extend(self._cancel_others(now, job, sh, None))
         return out
@@ -604,8 +630,7 @@ class ClientCore(Node):
         if others_attempt is not None and others_attempt != msg.attempt:
             out.extend(self._cancel_others(now, job, sh, msg.attempt))
         if job.done == len(job.shards):
-            job.finished = True
-            job.finished_at = now
+            self._finish(job, now)
             self.stats["jobs_finished"] += 1
             out.append(JobFinished(job.spec.job_id, True))
         else:

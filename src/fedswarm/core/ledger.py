@@ -46,6 +46,9 @@ class Ledger:
         self.tau_s = tau_s
         self.max_rows = max_rows
         self._entries: dict[tuple[str, str], float] = {}
+        self._version = 0
+        self._shares_key: tuple[float, int] | None = None
+        self._shares_val: dict[str, float] = {}
 
     # -- local updates -----------------------------------------------------
 
@@ -56,6 +59,7 @@ class Ledger:
         key = (tenant, peer)
         val = math.log(gpu_s) + now / self.tau_s
         self._entries[key] = _logaddexp(self._entries.get(key, NEG_INF), val)
+        self._version += 1
 
     # -- replication -------------------------------------------------------
 
@@ -70,6 +74,7 @@ class Ledger:
             key = (tenant, peer)
             if val > self._entries.get(key, NEG_INF):
                 self._entries[key] = val
+                self._version += 1
         if len(self._entries) > self.max_rows:
             self._prune()
 
@@ -78,11 +83,13 @@ class Ledger:
         for key, val in other._entries.items():
             if val > self._entries.get(key, NEG_INF):
                 self._entries[key] = val
+                self._version += 1
 
     def _prune(self) -> None:
         # keep the largest entries; a pruned entry is a negligible one
         keep = sorted(self._entries.items(), key=lambda kv: -kv[1])[: self.max_rows // 2]
         self._entries = dict(keep)
+        self._version += 1
 
     # -- queries -----------------------------------------------------------
 
@@ -97,11 +104,15 @@ class Ledger:
         return out
 
     def shares(self, now: float) -> dict[str, float]:
-        usage = self.usage(now)
-        total = sum(usage.values())
-        if total <= 0:
-            return {}
-        return {t: u / total for t, u in usage.items()}
+        """Each tenant's share of the decayed usage (memoised per ``(now, version)``;
+        callers must not mutate the result)."""
+        key = (now, self._version)
+        if key != self._shares_key:
+            usage = self.usage(now)
+            total = sum(usage.values())
+            self._shares_val = {t: u / total for t, u in usage.items()} if total > 0 else {}
+            self._shares_key = key
+        return self._shares_val
 
     def state(self) -> dict[tuple[str, str], float]:
         return dict(self._entries)
