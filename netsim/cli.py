@@ -59,6 +59,16 @@ def plot(results: dict, path: str) -> None:
     print(f"netsim: plot written to {path}", file=sys.stderr)
 
 
+def _add_faults_parser(sub) -> None:
+    """``netsim faults [--seeds 1 2] [--out F.json]``: the fault matrix (each fault x batch / LLM jobs)."""
+    f = sub.add_parser("faults", help="run the fault scenarios and print the fault matrix")
+    f.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds to run each scenario with (default: 1 2)")
+    f.add_argument("--out", help="write the matrix and per-run fault counts as JSON")
+    f.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios (e.g. fault-hang)")
+    f.add_argument("--dir", help="directory of the fault-*.toml scenarios (default: netsim/scenarios)")
+    f.add_argument("--profiles", help="directory of peer profiles (default: nearest peers/ above the scenarios)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="netsim", description="Simulate a fedswarm swarm in virtual time.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -71,7 +81,24 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profiles", help="directory of peer profiles (default: nearest peers/ above the scenario)")
     r.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
     r.add_argument("--plot", help="write a PNG of shares over time and the rho CDF (needs matplotlib)")
+    c = sub.add_parser("compare", help="run fedswarm and baseline schedulers on the same workload and swarm")
+    c.add_argument("scenario", help="scenario TOML file")
+    c.add_argument("--policies", default="fedswarm,centralized,fifo,random,sparrow",
+                   help="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", help="results JSON path; plot data (CSV, PNG with matplotlib) goes next to it")
+    c.add_argument("--trace", help="CSV trace replacing the scenario's workload")
+    c.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
+    c.add_argument("--profiles", help="directory of peer profiles")
+    c.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
+    _add_faults_parser(sub)
     args = ap.parse_args(argv)
+    if args.cmd == "compare":
+        return compare_main(args)
+    if args.cmd == "faults":
+        from .faults import faults_main
+
+        return faults_main(args)
 
     t0 = time.perf_counter()
     try:
@@ -103,6 +130,39 @@ def main(argv: list[str] | None = None) -> int:
     if s["shards_lost"] or s["shards_duplicated"]:
         return 1
     return 0
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    from .compare import POLICIES, compare, print_table, write_plot_data
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        print(f"netsim: error: unknown policy {bad}; choose from {list(POLICIES)}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        sc = load_scenario(args.scenario, profiles_dir=args.profiles)
+        jobs = read_trace(args.trace) if args.trace else None
+        if args.peers is not None:
+            sc = sc.scaled(args.peers)
+        if args.max_time is not None:
+            sc.max_time_s = args.max_time
+    except (ScenarioError, TraceError, ValueError) as exc:
+        print(f"netsim: error: {exc}", file=sys.stderr)
+        return 2
+
+    def progress(pol: str) -> None:
+        print(f"netsim: {pol} done ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
+
+    cmp = compare(sc, args.seed, policies, jobs, progress=progress)
+    if args.out:
+        Path(args.out).write_text(dumps_results(cmp))
+        write_plot_data(cmp, args.out)
+    print(f"# {sc.name} seed={args.seed} peers={sc.n_peers}")
+    print_table(cmp)
+    lost = sum(p["summary"]["shards_lost"] + p["summary"]["shards_duplicated"] for p in cmp["policies"].values())
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":

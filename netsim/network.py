@@ -49,6 +49,13 @@ class NetworkModel:
         sigma = math.log(hi / lo) / 4 if hi > lo else 0.0
         return min(max(r.lognormvariate(mu, sigma), lo), hi) / 1000.0
 
+    def link_unit(self, tag: str, a: str, b: str) -> float:
+        """A uniform [0, 1) number fixed per (seed, tag, link): picks the links a
+        ``delay`` fault slows without drawing from (and shifting) any RNG."""
+        key = (a, b) if a < b else (b, a)
+        h = hashlib.blake2b(f"{self.seed}|{tag}|{key[0]}|{key[1]}".encode(), digest_size=8).digest()
+        return int.from_bytes(h, "big") / 2.0**64
+
     def latency(self, a: str, b: str, ra: str, rb: str) -> float:
         """One-way base latency of the (symmetric) link a-b in seconds."""
         key = (a, b) if a < b else (b, a)

@@ -17,7 +17,8 @@ from fedswarm.profiles import Profile, load_profile
 from .network import NetworkModel, Partition
 from .workload import TraceError, TraceJob, check_dist, generate, read_trace
 
-__all__ = ["Scenario", "SwarmGroup", "Churn", "ScenarioError", "load_scenario", "find_profiles_dir"]
+__all__ = ["Scenario", "SwarmGroup", "Churn", "Fault", "FAULT_KINDS", "TENANT_TASKS", "ScenarioError", "load_scenario",
+           "find_profiles_dir"]
 
 
 class ScenarioError(ValueError):
@@ -42,6 +43,53 @@ class Churn:
     join_window_s: tuple[float, float] = (0.0, 0.0)
 
 
+FAULT_KINDS = ("crash", "hang", "slow", "partition", "delay", "client-disconnect")
+#: task kinds a generator tenant may name (``task = ...``): "sim" is the plain
+#: batch shard; "llm-batch" stands for the built-in batch LLM inference task
+#: (netsim runs no model: a shard is a timed slot like any other)
+TENANT_TASKS = ("sim", "tensor-map", "llm-batch")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One ``[[faults]]`` entry; see docs/netsim.md ("Faults").
+
+    Peer faults (crash, hang, slow) hit ``count`` or ``fraction`` of the
+    initial peers (disjoint across entries); ``partition`` splits off
+    ``fraction`` of them (or ``regions``); ``delay`` adds ``delay_s`` to the
+    messages of ``fraction`` of the links; ``client-disconnect`` cuts the
+    client of ``tenant`` (or ``count``/``fraction`` of the tenants) off the
+    network. All act in ``[start_s, end_s)``; ``end_s = inf``: for good.
+    """
+
+    kind: str
+    start_s: float = 0.0
+    end_s: float = math.inf
+    fraction: float | None = None
+    count: int | None = None
+    factor: float = 10.0  # slow: run time multiplier
+    delay_s: float = 0.0  # delay: extra one-way latency
+    regions: tuple[str, ...] = ()  # partition: side B by region
+    tenant: str = ""  # client-disconnect
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "start_s": self.start_s,
+                               "end_s": None if math.isinf(self.end_s) else self.end_s}
+        if self.fraction is not None:
+            out["fraction"] = self.fraction
+        if self.count is not None:
+            out["count"] = self.count
+        if self.kind == "slow":
+            out["factor"] = self.factor
+        if self.kind == "delay":
+            out["delay_s"] = self.delay_s
+        if self.regions:
+            out["regions"] = list(self.regions)
+        if self.tenant:
+            out["tenant"] = self.tenant
+        return out
+
+
 @dataclass
 class Scenario:
     name: str
@@ -64,6 +112,11 @@ class Scenario:
     base_dir: Path = Path(".")
     profiles_dir: Path | None = None
     profiles: dict[str, Profile] = field(default_factory=dict)
+    faults: tuple[Fault, ...] = ()
+    tenant_tasks: dict[str, str] = field(default_factory=dict)  # tenant -> task (default: ``task``)
+
+    def task_of(self, tenant: str) -> str:
+        return self.tenant_tasks.get(tenant, self.task)
 
     @property
     def n_peers(self) -> int:
@@ -95,6 +148,7 @@ class Scenario:
 _TOP = {
     "name", "description", "max_time_s", "warmup_s", "settle_s", "sample_s", "bootstrap_peers",
     "pubsub_fanout", "forget_after_s", "profiles_dir", "swarm", "network", "churn", "workload", "peer", "client",
+    "faults",
 }
 _NET = {"regions", "intra_ms", "inter_ms", "jitter_ms", "bandwidth_mbps", "loss", "duplicate", "reorder",
         "reorder_ms", "partitions"}
@@ -103,6 +157,89 @@ _CHURN = {"crash_fraction", "crash_window_s", "leave_fraction", "leave_window_s"
           "join_count", "join_window_s"}
 _WORK = {"trace", "task", "tenants"}
 _GROUP = {"profile", "count", "region"}
+_FAULT_KEYS = {
+    "crash": {"kind", "fraction", "count", "start_s", "end_s"},
+    "hang": {"kind", "fraction", "count", "start_s", "end_s"},
+    "slow": {"kind", "fraction", "count", "start_s", "end_s", "factor"},
+    "partition": {"kind", "fraction", "regions", "start_s", "end_s"},
+    "delay": {"kind", "fraction", "start_s", "end_s", "delay_s"},
+    "client-disconnect": {"kind", "tenant", "fraction", "count", "start_s", "end_s"},
+}
+
+
+def _num(v: Any, where: str, *, lo: float = 0.0, inf_ok: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < lo \
+            or (math.isinf(v) and not inf_ok):
+        raise ScenarioError(f"{where}: must be a {'' if inf_ok else 'finite '}number >= {lo:g}, got {v!r}")
+    return float(v)
+
+
+def parse_faults(raw: Any, src: str, tenant_names: set[str] | None) -> tuple[Fault, ...]:
+    """Validate the ``[[faults]]`` array strictly (unknown keys, ranges, windows)."""
+    if not isinstance(raw, list):
+        raise ScenarioError(f"{src}: faults: must be an array of tables ([[faults]])")
+    out = []
+    for i, f in enumerate(raw):
+        where = f"{src}: faults[{i}]"
+        if not isinstance(f, dict):
+            raise ScenarioError(f"{where}: must be a table")
+        kind = f.get("kind")
+        if kind not in _FAULT_KEYS:
+            raise ScenarioError(f"{where}: kind must be one of {list(FAULT_KINDS)}, got {kind!r}")
+        _table(f, where, _FAULT_KEYS[kind])
+        start = _num(f.get("start_s", 0.0), f"{where}.start_s")
+        needs_end = kind in ("partition", "delay", "client-disconnect")
+        if needs_end and "end_s" not in f:
+            raise ScenarioError(f"{where}: {kind} needs end_s")
+        default_end = start if kind == "crash" else math.inf
+        end = _num(f.get("end_s", default_end), f"{where}.end_s", inf_ok=not needs_end)
+        if end < start:
+            raise ScenarioError(f"{where}: end_s ({end:g}) < start_s ({start:g})")
+        if end == start and kind != "crash":
+            raise ScenarioError(f"{where}: empty window (end_s == start_s)")
+        fraction = _prob(f["fraction"], f"{where}.fraction") if "fraction" in f else None
+        count = None
+        if "count" in f:
+            if isinstance(f["count"], bool) or not isinstance(f["count"], int) or f["count"] < 0:
+                raise ScenarioError(f"{where}.count: must be a non-negative integer")
+            count = f["count"]
+        if fraction is not None and count is not None:
+            raise ScenarioError(f"{where}: give fraction or count, not both")
+        kw: dict[str, Any] = {}
+        if kind in ("crash", "hang", "slow") and fraction is None and count is None:
+            raise ScenarioError(f"{where}: {kind} needs fraction or count (of the initial peers)")
+        if kind == "slow":
+            kw["factor"] = _num(f.get("factor", 10.0), f"{where}.factor", lo=1.0)
+        if kind == "partition":
+            regs = f.get("regions", [])
+            if not isinstance(regs, list) or not all(isinstance(r, str) for r in regs):
+                raise ScenarioError(f"{where}.regions: a list of region names")
+            if regs and fraction is not None:
+                raise ScenarioError(f"{where}: give fraction or regions, not both")
+            if not regs and fraction is None:
+                fraction = 0.5
+            kw["regions"] = tuple(regs)
+        if kind == "delay":
+            if "delay_s" not in f:
+                raise ScenarioError(f"{where}: delay needs delay_s")
+            kw["delay_s"] = _num(f["delay_s"], f"{where}.delay_s")
+            if kw["delay_s"] <= 0:
+                raise ScenarioError(f"{where}.delay_s: must be > 0")
+            if fraction is None:
+                fraction = 1.0
+        if kind == "client-disconnect":
+            if "tenant" in f:
+                if fraction is not None or count is not None:
+                    raise ScenarioError(f"{where}: give tenant, fraction or count, only one")
+                if not isinstance(f["tenant"], str) or not f["tenant"]:
+                    raise ScenarioError(f"{where}.tenant: a tenant name")
+                if tenant_names is not None and f["tenant"] not in tenant_names:
+                    raise ScenarioError(f"{where}.tenant: no tenant {f['tenant']!r} (have {sorted(tenant_names)})")
+                kw["tenant"] = f["tenant"]
+            elif fraction is None and count is None:
+                raise ScenarioError(f"{where}: client-disconnect needs tenant, fraction or count")
+        out.append(Fault(kind, start, end, fraction, count, **kw))
+    return tuple(out)
 
 
 def _table(v: Any, where: str, allowed: set[str]) -> dict[str, Any]:
@@ -238,6 +375,24 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
                         check_dist(t[k], f"{src}: workload.tenants[{i}].{k}")
     except TraceError as exc:
         raise ScenarioError(str(exc)) from None
+    # per-tenant task kind: taken out here, the generator never sees it
+    tenant_tasks: dict[str, str] = {}
+    if trace is None:
+        clean = []
+        for i, t in enumerate(tenants):
+            if isinstance(t, dict) and "task" in t:
+                t = dict(t)
+                task = t.pop("task")
+                if task not in TENANT_TASKS:
+                    raise ScenarioError(f"{src}: workload.tenants[{i}].task: one of {list(TENANT_TASKS)}, got {task!r}")
+                tenant_tasks[str(t.get("name", ""))] = task
+            clean.append(t)
+        tenants = clean
+    if trace is not None:
+        tenant_names: set[str] | None = {j.tenant for j in trace}
+    else:
+        tenant_names = {str(t["name"]) for t in tenants if isinstance(t, dict) and "name" in t}
+    faults = parse_faults(data.get("faults", []), src, tenant_names)
 
     sc = Scenario(
         name=name,
@@ -260,6 +415,8 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
         base_dir=base_dir,
         profiles_dir=profiles_dir,
         profiles=profiles,
+        faults=faults,
+        tenant_tasks=tenant_tasks,
     )
     for k in ("bootstrap", "devices", "power", "throughput"):
         if k in sc.peer_overrides:

@@ -41,12 +41,13 @@ from fedswarm.profiles import Profile
 
 from .cores import SimClientCore, SimPeerCore
 from .metrics import StepFn, jain, rho
+from .network import Partition
 from .scenario import Scenario
 from .workload import TraceJob
 
 __all__ = ["Simulator", "NodeRec", "JobRec"]
 
-MSG, POLL, FIN, SUBMIT, START, CRASH, LEAVE, LEAVE_END, JOIN, FORGET, RESCHED = range(11)
+MSG, POLL, FIN, SUBMIT, START, CRASH, LEAVE, LEAVE_END, JOIN, FORGET, RESCHED, HANG, RESUME = range(13)
 CLIENT_RESCHED_S = 0.01  # a client's deadline is re-read at most this late after a message
 
 
@@ -71,6 +72,12 @@ class NodeRec:
     busy_energy_j: float = 0.0
     msgs: int = 0
     bytes: int = 0
+    # -- injected faults ([[faults]]) --
+    hung: bool = False  # connected but silent: inputs dropped, no polls
+    windows: tuple[tuple[float, float, float], ...] = ()  # (start, end, speed): slow (1/factor), hang (0)
+    offline: tuple[tuple[float, float], ...] = ()  # client-disconnect windows
+    fault_ids: list[int] = field(default_factory=list)  # indices into scenario.faults
+    deferred: list[tuple] = field(default_factory=list)  # FIN actions that fell in a hang (schedule() hangs)
 
 
 @dataclass(eq=False)
@@ -84,6 +91,8 @@ class JobRec:
     energy_j: float = 0.0
     carbon_g: float = 0.0
     gpu_s: float = 0.0
+    delivered_by: dict[int, tuple[str, int]] = field(default_factory=dict)  # shard -> (peer, attempt), first
+    holders: dict[int, dict[int, str]] | None = None  # shard -> attempt -> peer (taken before forget)
 
 
 class Simulator:
@@ -100,6 +109,7 @@ class Simulator:
         self.place_rng = random.Random(master.getrandbits(64))
         work_rng = random.Random(master.getrandbits(64))
         self.net = replace(scenario.network, seed=master.getrandbits(64), _links={})
+        self.fault_rng = random.Random(master.getrandbits(64))
         self.cache = VerifyCache(capacity=1 << 18)
         self.fast = fast
         self.now = 0.0
@@ -176,6 +186,15 @@ class Simulator:
             k = self.churn_rng.choices(range(len(profs)), weights=weights)[0]
             self._push(self.churn_rng.uniform(*ch.join_window_s), JOIN, profs[k], scenario.swarm[k].region, None)
 
+        # -- injected faults ------------------------------------------------
+        self.fault_targets: list[tuple[str, ...]] = []
+        self.delay_faults: list[tuple[float, float, float, float, str]] = []
+        self.fault_stats: Counter[str] = Counter()
+        self.gc_tenant: dict[str, Counter[str]] = {}  # client id -> counters of GC at the peers
+        self.lapsed_at: Counter[str] = Counter()  # peer id -> client polls that found its leases lapsed
+        if scenario.faults:
+            self._setup_faults()
+
     # ------------------------------------------------------------------
     # construction
 
@@ -208,6 +227,113 @@ class Simulator:
         self.tenant_of[rec.id] = tname
         self._push(self.sc.warmup_s / 2, START, rec, None, None)
         return rec
+
+    def _setup_faults(self) -> None:
+        """Turn ``scenario.faults`` into targets, windows and scheduled actions.
+
+        Draws only from ``fault_rng`` (created after every older RNG), so a
+        scenario without faults replays exactly as before.
+        """
+        rng = self.fault_rng
+        n0 = len(self.initial_peers)
+        pool = list(self.initial_peers)
+        rng.shuffle(pool)  # peer faults take disjoint victims from this order
+        for i, f in enumerate(self.sc.faults):
+            targets: list[str] = []
+            if f.kind in ("crash", "hang", "slow"):
+                n = f.count if f.count is not None else int(round((f.fraction or 0.0) * n0))
+                n = min(n, len(pool))
+                targets, pool = sorted(pool[:n]), pool[n:]
+                for pid in targets:
+                    rec = self.nodes[pid]
+                    rec.fault_ids.append(i)
+                    if f.kind == "crash":
+                        self._push(rng.uniform(f.start_s, f.end_s), CRASH, rec, None, None)
+                    elif f.kind == "hang":
+                        rec.windows += ((f.start_s, f.end_s, 0.0),)
+                        self._push(f.start_s, HANG, rec, i, None)
+                        if f.end_s < math.inf:
+                            self._push(f.end_s, RESUME, rec, i, None)
+                    else:
+                        rec.windows += ((f.start_s, f.end_s, 1.0 / f.factor),)
+            elif f.kind == "partition":
+                self.net.partitions = self.net.partitions + (Partition(f.start_s, f.end_s, f.fraction or 0.0, f.regions),)
+                if f.regions:
+                    self.part_b.append(None)
+                    targets = [p for p in self.initial_peers if self.nodes[p].region in f.regions]
+                else:
+                    ids = list(self.initial_peers)
+                    random.Random(rng.getrandbits(64)).shuffle(ids)
+                    side = frozenset(ids[: int(round((f.fraction or 0.0) * n0))])
+                    self.part_b.append(side)
+                    targets = sorted(side)
+            elif f.kind == "delay":
+                self.delay_faults.append((f.start_s, f.end_s, f.fraction if f.fraction is not None else 1.0,
+                                          f.delay_s, f"delay{i}"))
+            elif f.kind == "client-disconnect":
+                names = sorted(self.clients)
+                if f.tenant:
+                    if f.tenant not in self.clients:
+                        raise ValueError(f"faults[{i}]: no tenant {f.tenant!r} in the workload (have {names})")
+                    chosen = [f.tenant]
+                else:
+                    n = f.count if f.count is not None else int(round((f.fraction or 0.0) * len(names)))
+                    chosen = sorted(rng.sample(names, min(n, len(names))))
+                for tname in chosen:
+                    rec = self.clients[tname]
+                    rec.offline += ((f.start_s, f.end_s),)
+                    rec.fault_ids.append(i)
+                    targets.append(rec.id)
+            self.fault_targets.append(tuple(targets))
+
+    def _finish_at(self, rec: NodeRec, start: float, work: float) -> float:
+        """When a run of ``work`` seconds started at ``start`` ends, given the
+        peer's speed windows (slow: 1/factor, hung: 0, overlaps multiply)."""
+        if not rec.windows:
+            return start + work
+        pts = sorted({x for a, b, _ in rec.windows for x in (a, b) if start < x < math.inf})
+        t, left = start, work
+        for nxt in pts + [math.inf]:
+            speed = 1.0
+            for a, b, v in rec.windows:
+                if a <= t < b:
+                    speed *= v
+            if speed > 0:
+                if nxt == math.inf or left <= (nxt - t) * speed:
+                    return t + left / speed
+                left -= (nxt - t) * speed
+            t = nxt
+        return math.inf
+
+    def _offline(self, rec: NodeRec) -> bool:
+        now = self.now
+        return any(a <= now < b for a, b in rec.offline)
+
+    def _extra_delay(self, a: str, b: str) -> float:
+        extra = 0.0
+        now = self.now
+        for start, end, frac, delay, tag in self.delay_faults:
+            if start <= now < end and (frac >= 1.0 or self.net.link_unit(tag, a, b) < frac):
+                extra += delay
+        return extra
+
+    def hang(self, rec: NodeRec) -> None:
+        if rec.alive and not rec.hung:
+            rec.hung = True
+            self.fault_stats["peers_hung"] += 1
+
+    def resume(self, rec: NodeRec) -> None:
+        """A hung peer wakes up: it polls at once (abandoning leases whose
+        client it has not heard from for lease_grace_s) and runs on."""
+        if not rec.alive or not rec.hung:
+            return
+        rec.hung = False
+        rec.sched = None
+        self.fault_stats["peers_resumed"] += 1
+        for key, gen in rec.deferred:
+            self._push(self.now, FIN, rec, key, gen)
+        rec.deferred.clear()
+        self._poll(rec)
 
     # ------------------------------------------------------------------
     # queue plumbing
@@ -279,6 +405,9 @@ class Simulator:
         if dst is None or not dst.alive:
             self.net_stats["to_dead"] += 1
             return
+        if (src.offline and self._offline(src)) or (dst.offline and self._offline(dst)):
+            self.net_stats["client_offline"] += 1
+            return
         if self.net.partitions and self._blocked(src, dst):
             self.net_stats["partitioned"] += 1
             return
@@ -298,6 +427,11 @@ class Simulator:
             self.net_stats["lost"] += 1
         elif len(delays) > 1:
             self.net_stats["duplicated"] += 1
+        if self.delay_faults and delays:
+            extra = self._extra_delay(src.id, dst_id)
+            if extra > 0:
+                self.net_stats["delayed"] += 1
+                delays = [d + extra for d in delays]
         for d in delays:
             self._push(self.now + d, MSG, dst, src.id, data)
 
@@ -323,7 +457,9 @@ class Simulator:
                 if old is not None:
                     self._account(rec, old, completed=False)
                 rec.running[key] = (self.gen, self.now, e)
-                self._push(self.now + e.run_s, FIN, rec, key, self.gen)
+                fin_t = self._finish_at(rec, self.now, e.run_s)
+                if fin_t < math.inf:  # a peer hung for good never finishes it
+                    self._push(fin_t, FIN, rec, key, self.gen)
             elif t is CancelShard:
                 r = rec.running.pop((e.tenant, e.job_id, e.shard, e.attempt), None)
                 if r is not None:
@@ -332,6 +468,7 @@ class Simulator:
                 job = self.jobs.get(e.job_id)
                 if job is not None:
                     job.delivered[e.shard] = job.delivered.get(e.shard, 0) + 1
+                    job.delivered_by.setdefault(e.shard, (e.peer, e.attempt))
                     job.energy_j += e.energy_j
                     job.carbon_g += e.carbon_g
                     job.gpu_s += e.gpu_s
@@ -427,7 +564,7 @@ class Simulator:
         self._tenant_open[tj.tenant] += 1
         self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
         req = JobRequest(
-            task=self.sc.task,
+            task=self.sc.task_of(tj.tenant),
             shards=tj.shards,
             work_s=tj.duration_s,
             gpus=tj.gpus_per_shard,
@@ -457,24 +594,34 @@ class Simulator:
             if kind == MSG:
                 if not a.alive:
                     continue
+                if a.hung:  # accepted by the connection, never handled
+                    self.net_stats["to_hung"] += 1
+                    continue
+                if a.offline and self._offline(a):  # in flight when the client lost its network
+                    self.net_stats["client_offline"] += 1
+                    continue
                 self._perform(a, a.core.handle(t, MessageReceived(b, c)))
                 self._after(a)
             elif kind == POLL:
-                if not a.alive or a.sched != b:
+                if not a.alive or a.sched != b or a.hung:
                     continue
                 a.sched = None
-                self._perform(a, a.core.poll(t))
-                self._after(a, after_poll=True)
+                self._poll(a)
             elif kind == FIN:
                 run = a.running.get(b)
                 if run is None or run[0] != c or not a.alive:
+                    continue
+                if a.hung:  # only for hangs without a speed window (schedule()): noticed on resume
+                    a.deferred.append((b, c))
                     continue
                 del a.running[b]
                 e: RunShard = run[2]
                 energy = self._account(a, run, completed=True)
                 # deterministic result bytes per (job, shard): replicas agree
                 res = f"{e.job_id}/{e.shard}".encode()
-                fin = ShardFinished(e.tenant, e.job_id, e.shard, e.attempt, True, res, run_s=e.run_s, energy_j=energy)
+                # the executor reports what it measured: longer than expected on a slowed/hung peer
+                run_s = e.run_s if not a.windows else t - run[1]
+                fin = ShardFinished(e.tenant, e.job_id, e.shard, e.attempt, True, res, run_s=run_s, energy_j=energy)
                 self._perform(a, a.core.handle(t, fin))
                 self._after(a)
             elif kind == RESCHED:
@@ -493,8 +640,50 @@ class Simulator:
             elif kind == JOIN:
                 self._join(a, b)
             elif kind == FORGET:
+                self._harvest_holders(a, b)
                 a.core.forget(b)
+            elif kind == HANG:
+                self.hang(a)
+            elif kind == RESUME:
+                self.resume(a)
         self.now = max(self.now, min(t_end, self.stop_at)) if t_end < math.inf else self.now
+
+    def _poll(self, rec: NodeRec) -> None:
+        core = rec.core
+        if rec.is_peer and (core.leases or core.outbox):
+            # attribute the peer's garbage collection (abandoned leases,
+            # undeliverable results) to the tenants whose work it was
+            leases, outbox = tuple(core.leases), tuple(core.outbox)
+            ab0, un0 = core.stats["leases_abandoned"], core.stats["results_undelivered"]
+            effects = core.poll(self.now)
+            if core.stats["leases_abandoned"] != ab0:
+                for k in leases:
+                    if k not in core.leases:
+                        self.gc_tenant.setdefault(k[0], Counter())["leases_abandoned"] += 1
+            if core.stats["results_undelivered"] != un0:
+                for k in outbox:
+                    if k not in core.outbox:
+                        self.gc_tenant.setdefault(k[0], Counter())["results_undelivered"] += 1
+        elif not rec.is_peer and self.sc.faults:
+            # which peers' leases lapsed at this client (it marks them suspect)
+            n0 = core.stats["leases_lapsed"]
+            effects = core.poll(self.now)
+            if core.stats["leases_lapsed"] != n0:
+                until = self.now + core.config.suspect_s
+                for pid in sorted(core._suspect):
+                    if core._suspect[pid] == until:
+                        self.lapsed_at[pid] += 1
+        else:
+            effects = core.poll(self.now)
+        self._perform(rec, effects)
+        self._after(rec, after_poll=True)
+
+    def _harvest_holders(self, client: NodeRec, job_id: str) -> None:
+        """Keep which peer held which attempt of each shard before the client forgets the job."""
+        job = self.jobs.get(job_id)
+        cj = getattr(client.core, "jobs", {}).get(job_id)
+        if job is not None and cj is not None and job.holders is None:
+            job.holders = {sh.index: dict(sh.holders) for sh in cj.shards}
 
     def run(self) -> None:
         self.run_until(math.inf)
@@ -505,8 +694,12 @@ class Simulator:
     # inspection (tests)
 
     def schedule(self, t: float, what: str, pid: str) -> None:
-        """Schedule a ``crash`` or graceful ``leave`` of peer ``pid`` at ``t``."""
-        kinds = {"crash": CRASH, "leave": LEAVE}
+        """Schedule a ``crash``, graceful ``leave``, ``hang`` or ``resume`` of peer ``pid`` at ``t``.
+
+        (A ``hang`` scheduled here stops message handling and polls; a shard
+        that finishes meanwhile is noticed on ``resume``. ``[[faults]]`` hangs
+        also pause the running shards.)"""
+        kinds = {"crash": CRASH, "leave": LEAVE, "hang": HANG, "resume": RESUME}
         self._push(t, kinds[what], self.nodes[pid], None, None)
 
     def live_peers(self) -> list[NodeRec]:
@@ -528,22 +721,30 @@ class Simulator:
         for jid in sorted(self.jobs):
             j = self.jobs[jid]
             tj = j.tj
+            j_lost = j_dup = j_done = 0
             for s in range(tj.shards):
                 n = j.delivered.get(s, 0)
                 if n == 0:
-                    lost += 1 if j.submitted else 0
+                    j_lost += 1 if j.submitted else 0
                 else:
-                    completed_shards += 1
-                    dup += n - 1
+                    j_done += 1
+                    j_dup += n - 1
+            lost += j_lost
+            dup += j_dup
+            completed_shards += j_done
             rec: dict[str, Any] = {
                 "job_id": jid,
                 "tenant": tj.tenant,
                 "kind": tj.kind,
+                "task": sc.task_of(tj.tenant),
                 "shards": tj.shards,
                 "gpus_per_shard": tj.gpus_per_shard,
                 "work_s": tj.duration_s,
                 "arrival_s": j.submit_t - sc.warmup_s if j.submitted else None,
                 "finished": j.finish_t is not None and bool(j.ok),
+                "shards_delivered": j_done,
+                "shards_lost": j_lost,
+                "shards_duplicated": j_dup,
                 "jct_s": None,
                 "rho": None,
                 "t_alone_s": None,
@@ -692,4 +893,97 @@ class Simulator:
             },
             "core_stats": dict(sorted(core_stats.items())),
             "core_rejected": dict(sorted(rejected.items())),
+            "faults": self._faults_results(end),
+        }
+
+    def _faults_results(self, end: float) -> dict[str, Any]:
+        """What was injected and what it did: shards the targets held and
+        that were re-run elsewhere, messages eaten, and the garbage
+        collection on both sides (peers: abandoned leases and undeliverable
+        results, per node and per tenant; clients: lapsed leases and
+        deduplicated results)."""
+        holders: dict[str, dict[int, dict[int, str]]] = {}
+        for jid in sorted(self.jobs):
+            j = self.jobs[jid]
+            if j.holders is not None:
+                holders[jid] = j.holders
+            else:
+                cj = getattr(self.clients[j.tj.tenant].core, "jobs", {}).get(jid)
+                if cj is not None:
+                    holders[jid] = {sh.index: dict(sh.holders) for sh in cj.shards}
+        injected = []
+        for i, f in enumerate(self.sc.faults):
+            tg = set(self.fault_targets[i]) if i < len(self.fault_targets) else set()
+            d = f.describe()
+            d["targets"] = len(tg)
+            if f.kind in ("crash", "hang", "slow"):
+                held = rerun = by_targets = reawarded = 0
+                rerun_by: dict[str, int] = {}
+                for jid, hs in holders.items():
+                    for shard, att in hs.items():
+                        mine = {(p, a) for a, p in att.items() if p in tg}
+                        if not mine:
+                            continue
+                        held += 1
+                        if any(p not in tg and a > min(x[1] for x in mine) for a, p in att.items()):
+                            reawarded += 1  # a later attempt went to a peer outside the fault
+                        got = self.jobs[jid].delivered_by.get(shard)
+                        if got is not None and got not in mine:
+                            rerun += 1
+                            task = self.sc.task_of(self.jobs[jid].tj.tenant)
+                            rerun_by[task] = rerun_by.get(task, 0) + 1
+                        elif got is not None:
+                            by_targets += 1
+                d.update(shards_held=held, shards_reawarded=reawarded, shards_rerun=rerun,
+                         lapses=sum(self.lapsed_at[p] for p in tg),
+                         shards_rerun_by_task=dict(sorted(rerun_by.items())), shards_delivered_by_targets=by_targets)
+            if f.kind == "client-disconnect":
+                d["tenants"] = sorted(self.tenant_of[c] for c in tg)
+            injected.append(d)
+        nodes: dict[str, Any] = {}
+        gc: Counter[str] = Counter()
+        stale = 0
+        for pid in sorted(self.nodes):
+            r = self.nodes[pid]
+            st = r.core.stats
+            if r.is_peer:
+                row = {k: st[k] for k in ("leases_abandoned", "results_undelivered", "leases_revoked") if st[k]}
+                if self.lapsed_at[pid]:
+                    row["lapses"] = self.lapsed_at[pid]
+                if r.alive and not r.hung:
+                    grace = r.core.config.lease_grace_s
+                    n = sum(1 for lease in r.core.leases.values() if end - lease.last_ack_at > grace + 1.0)
+                    stale += n
+                    if n:
+                        row["stale_leases"] = n
+            else:
+                row = {k: st[k] for k in ("leases_lapsed", "results_duplicate", "renewals_unknown") if st[k]}
+            for k, v in row.items():
+                gc[k] += v
+            if row or r.fault_ids:
+                row["faults"] = [self.sc.faults[i].kind for i in r.fault_ids]
+                row["role"] = f"client:{r.name}" if not r.is_peer else f"peer:{r.name}"
+                row["fate"] = r.fate if r.fate != "live" else ("hung" if r.hung else "live")
+                nodes[pid] = row
+        tenants = {}
+        for tname in sorted(self.clients):
+            c = self.clients[tname]
+            g = self.gc_tenant.get(c.id, Counter())
+            tenants[tname] = {
+                "task": self.sc.task_of(tname),
+                "leases_abandoned": g["leases_abandoned"],
+                "results_undelivered": g["results_undelivered"],
+                "leases_lapsed": c.core.stats["leases_lapsed"],
+                "results_duplicate": c.core.stats["results_duplicate"],
+            }
+        counts = {k: v for k, v in sorted(self.fault_stats.items())}
+        for k in ("to_hung", "client_offline", "delayed", "partitioned", "lost", "duplicated"):
+            counts[f"msgs_{k}"] = self.net_stats[k]
+        return {
+            "injected": injected,
+            "counts": counts,
+            "gc": {k: gc[k] for k in ("leases_abandoned", "results_undelivered", "leases_revoked", "leases_lapsed",
+                                      "results_duplicate", "renewals_unknown")} | {"stale_leases_at_end": stale},
+            "tenants": tenants,
+            "nodes": nodes,
         }

@@ -1,0 +1,98 @@
+"""netsim compare: baselines on the same workload/swarm, determinism, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from netsim import dumps_results
+from netsim.baselines import BASELINES, BaselineSim, run_baseline
+from netsim.cli import main
+from netsim.compare import compare, extras
+from netsim.scenario import load_scenario
+from netsim.sim import Simulator
+from netsim.workload import TraceJob
+
+from netsim_helpers import SCENARIOS, make_scenario
+
+
+def _small(**kw):
+    data = dict(
+        swarm=[{"profile": "datacenter-a100", "count": 2}, {"profile": "volunteer-gaming", "count": 6}],
+        client={"verify": "none"},
+        churn={"crash_fraction": 0.25, "crash_window_s": [20, 60]},
+    )
+    data.update(kw)
+    return make_scenario(**data)
+
+
+JOBS = [
+    TraceJob("a0", "a", 0.0, 12, 1, 20.0),
+    TraceJob("a1", "a", 5.0, 3, 1, 30.0, kind="chain", deadline_s=400.0),
+    TraceJob("b0", "b", 2.0, 2, 8, 15.0),
+    TraceJob("c0", "c", 8.0, 4, 1, 10.0, deadline_s=100.0),
+]
+
+
+@pytest.mark.parametrize("policy", BASELINES)
+def test_baseline_completes_every_shard_once_under_crashes(policy):
+    res = run_baseline(_small(), 3, policy, JOBS)
+    s = res["summary"]
+    assert s["jobs_completed"] == len(JOBS)
+    assert s["shards_completed"] == sum(j.shards for j in JOBS)
+    assert s["shards_lost"] == 0 and s["shards_duplicated"] == 0
+    assert res["peers"]["crashed"] == 2
+    assert s["energy_j"] > s["energy_busy_j"] > 0
+
+
+def test_baselines_share_the_simulators_churn_and_peers():
+    sc = _small()
+    b = BaselineSim(sc, 3, "fifo", jobs=JOBS)
+    sim = Simulator(sc, 3, jobs=JOBS)
+    assert sorted(b.peers) == sim.initial_peers
+    b.run()
+    sim.run()
+    crashed_b = sorted(p for p, r in b.nodes.items() if r.fate == "crashed")
+    crashed_s = sorted(p for p, r in sim.nodes.items() if r.fate == "crashed")
+    assert crashed_b == crashed_s
+
+
+def test_baselines_are_deterministic():
+    sc = load_scenario(SCENARIOS / "smoke-20.toml")
+    for pol in BASELINES:
+        a = dumps_results(run_baseline(sc, 5, pol))
+        assert a == dumps_results(run_baseline(sc, 5, pol))
+
+
+def test_message_counts_per_shard():
+    sc = _small(churn={})
+    for pol, lo, hi in (("centralized", 3, 3), ("fifo", 3, 3), ("random", 3, 3), ("sparrow", 6, 8)):
+        ex = extras(run_baseline(sc, 1, pol, JOBS), JOBS)
+        assert lo - 1e-9 <= ex["msgs_per_shard"] <= hi + 1e-9, (pol, ex)
+
+
+def test_centralized_is_fair_on_a_quiet_swarm():
+    res = run_baseline(_small(churn={}), 1, "centralized", JOBS)
+    assert res["summary"]["max_rho"] < 3.0
+
+
+def test_compare_json_and_cli(tmp_path, capsys):
+    sc = load_scenario(SCENARIOS / "smoke-20.toml")
+    cmp = compare(sc, 1, ["fedswarm", "centralized"])
+    for p in ("fedswarm", "centralized"):
+        d = cmp["policies"][p]
+        assert {"summary", "deadline_misses", "msgs_per_shard", "p99_jct_s"} <= set(d)
+        assert d["summary"]["shards_completed"] == d["summary"]["shards_submitted"]
+    out = tmp_path / "c.json"
+    rc = main(["compare", str(SCENARIOS / "smoke-20.toml"), "--policies", "centralized,sparrow,random,fifo",
+               "--seed", "2", "--out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"centralized", "sparrow", "random", "fifo"}
+    assert (tmp_path / "c.jct_cdf.csv").exists() and (tmp_path / "c.shares.csv").exists()
+    assert "mean_jct_s" in capsys.readouterr().out
+    rc2 = main(["compare", str(SCENARIOS / "smoke-20.toml"), "--policies", "centralized,sparrow,random,fifo",
+                "--seed", "2", "--out", str(tmp_path / "d.json")])
+    assert rc2 == 0 and (tmp_path / "d.json").read_text() == out.read_text()
+    assert main(["compare", str(SCENARIOS / "smoke-20.toml"), "--policies", "nope"]) == 2

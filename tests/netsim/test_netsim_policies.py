@@ -1,0 +1,77 @@
+"""Policy units: the energy level rule, fedswarm-race, trace conversion."""
+
+from __future__ import annotations
+
+import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
+
+from fedswarm.core.energy import DEADLINE_MARGIN, PowerModel, choose_level
+from netsim.compare import run_policy
+from netsim.traces import convert_philly
+from netsim.workload import TraceJob, read_trace, write_trace
+
+from netsim_helpers import make_scenario
+
+A100 = PowerModel(idle_w=60.0, max_w=400.0, alpha=2.5, levels=(0.6, 0.8, 1.0))
+
+
+def test_deadline_with_slack_slows_down_to_least_energy():
+    c = choose_level(A100, 100.0, start_s=0.0, deadline_s=1000.0)
+    assert c.level == 0.6 and c.energy_j < A100.energy(100.0, 1.0)
+
+
+def test_tight_deadline_races():
+    c = choose_level(A100, 100.0, start_s=10.0, deadline_s=100.0)
+    assert c.level == 1.0
+    mid = choose_level(A100, 100.0, start_s=0.0, deadline_s=100.0 / 0.8 / DEADLINE_MARGIN + 1)
+    assert mid.level == 0.8
+
+
+def test_no_deadline_no_lambda_is_fastest_and_race_flag_wins():
+    assert choose_level(A100, 50.0).level == 1.0
+    assert choose_level(A100, 50.0, deadline_s=1e6, race_to_idle=True).level == 1.0
+
+
+def test_idle_heavy_model_prefers_race_even_with_slack():
+    flat = PowerModel(idle_w=300.0, max_w=400.0, alpha=3.0, levels=(0.5, 1.0))
+    assert choose_level(flat, 100.0, deadline_s=1e4).level == 1.0
+
+
+def test_power_cap_holds():
+    capped = PowerModel(idle_w=60.0, max_w=400.0, alpha=2.5, cap_w=250.0, levels=(0.6, 0.8, 1.0))
+    assert choose_level(capped, 10.0, deadline_s=11.0).level <= 0.8
+
+
+def test_fedswarm_race_uses_more_busy_energy_with_deadlines():
+    sc = make_scenario(
+        swarm=[{"profile": "datacenter-a100", "count": 2}, {"profile": "workstation-rtx4090", "count": 2}],
+        client={"verify": "none"}, max_time_s=3000,
+    )
+    jobs = [TraceJob(f"j{i}", "ab"[i % 2], 5.0 * i, 4, 1, 30.0, deadline_s=600.0) for i in range(6)]
+    fs = run_policy(sc, 1, "fedswarm", jobs)["summary"]
+    race = run_policy(sc, 1, "fedswarm-race", jobs)["summary"]
+    assert fs["shards_completed"] == race["shards_completed"] == 24
+    assert fs["energy_busy_j"] < race["energy_busy_j"]
+
+
+def test_philly_conversion(tmp_path):
+    src = tmp_path / "p.csv"
+    src.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-09 00:00:00,100,1,100,aa\n"
+        "2017-10-09 00:01:00,3000,2,6000,aa\n"
+        "2017-10-09 00:02:00,900,16,14400,bb\n"
+        "2017-10-09 00:03:00,50,1,50,cc\n"
+        "2017-10-10 00:00:00,50,1,50,aa\n"
+    )
+    jobs = convert_philly(src, start="2017-10-09 00:00:00", window_h=1, tenants=1, round_s=300, deadline_frac=0)
+    by = {j.job_id: j for j in jobs}
+    assert len(jobs) == 4 and {j.tenant for j in jobs} == {"aa", "other"}
+    assert by["philly-0"].kind == "bag" and by["philly-0"].shards == 1
+    long = by["philly-1"]
+    assert long.kind == "chain" and long.shards == 10 and long.gpus_per_shard == 2 and long.duration_s == 300
+    wide = by["philly-2"]
+    assert wide.kind == "bag" and wide.gpus_per_shard == 8 and wide.shards == 3 * 2
+    assert abs(wide.shards * wide.gpus_per_shard * wide.duration_s - 900 * 16) < 1e-6
+    out = tmp_path / "t.csv"
+    write_trace(out, jobs)
+    assert read_trace(out) == sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
