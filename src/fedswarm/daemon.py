@@ -122,46 +122,48 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
         executor = ShardExecutor(slots=config.slots, power_model=config.power.max_w)
         agent = Agent(core, transport, runner=ExecutorRunner(executor, core))
         serving = None
-        async with trio.open_nursery() as nursery:
-            await nursery.start(agent.run)
-            if opts.serve_model:
-                from .llm_serving import start_block_server
+        # signals are caught before readiness is announced: a SIGTERM right
+        # after the "listening" line must still mean a graceful leave
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(agent.run)
+                if opts.serve_model:
+                    from .llm_serving import start_block_server
 
-                if (opts.blocks or "").startswith("auto") and boot_ids:
-                    # let gossip show which blocks the swarm already serves (bounded)
-                    with trio.move_on_after(3 * config.gossip_interval_s):
-                        while len(core.view) < 2:
-                            await agent._changed()
-                        await trio.sleep(config.gossip_interval_s)
-                serving = await start_block_server(transport, core, opts.serve_model, opts.blocks)
-            if opts.metrics_port is not None:
-                port = await nursery.start(_serve_metrics, opts.metrics_port, agent)
-                print(f"fedswarm metrics on http://127.0.0.1:{port}/metrics", flush=True)
-                _event("metrics listening", url=f"http://127.0.0.1:{port}/metrics")
-            for addr in transport.listen_addrs():
-                print(f"fedswarm peer listening on {addr}", flush=True)
-            _event(
-                "peer started",
-                peer=identity.peer_id,
-                profile=profile.name,
-                addrs=transport.listen_addrs(),
-                bootstrap=len(boot_ids),
-                startup_s=round(time.monotonic() - t0, 3),
-                serving=serving,
-            )
-            task_status.started(transport.listen_addrs())
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    if (opts.blocks or "").startswith("auto") and boot_ids:
+                        # let gossip show which blocks the swarm already serves (bounded)
+                        with trio.move_on_after(3 * config.gossip_interval_s):
+                            while len(core.view) < 2:
+                                await agent._changed()
+                            await trio.sleep(config.gossip_interval_s)
+                    serving = await start_block_server(transport, core, opts.serve_model, opts.blocks)
+                if opts.metrics_port is not None:
+                    port = await nursery.start(_serve_metrics, opts.metrics_port, agent)
+                    print(f"fedswarm metrics on http://127.0.0.1:{port}/metrics", flush=True)
+                    _event("metrics listening", url=f"http://127.0.0.1:{port}/metrics")
+                for addr in transport.listen_addrs():
+                    print(f"fedswarm peer listening on {addr}", flush=True)
+                _event(
+                    "peer started",
+                    peer=identity.peer_id,
+                    profile=profile.name,
+                    addrs=transport.listen_addrs(),
+                    bootstrap=len(boot_ids),
+                    startup_s=round(time.monotonic() - t0, 3),
+                    serving=serving,
+                )
+                task_status.started(transport.listen_addrs())
                 async for signum in signals:
                     _event("leaving", signal=signal.Signals(signum).name, leases=len(core.leases))
                     break
-            await agent.leave(grace_s=opts.grace_s)
-            _event(
-                "left",
-                shards_run=core.stats["shards_run"],
-                handed_back=core.stats["shards_handed_back"],
-                results_pending=len(core.outbox),
-            )
-            nursery.cancel_scope.cancel()
+                await agent.leave(grace_s=opts.grace_s)
+                _event(
+                    "left",
+                    shards_run=core.stats["shards_run"],
+                    handed_back=core.stats["shards_handed_back"],
+                    results_pending=len(core.outbox),
+                )
+                nursery.cancel_scope.cancel()
     return 0
 
 
