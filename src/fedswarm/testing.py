@@ -50,6 +50,8 @@ class MiniSwarm:
     liars: dict[int, float] = field(default_factory=dict)
     #: peer indices admitted by the test federation (trusted)
     trusted: tuple[int, ...] = ()
+    #: peer index -> factor by which its shards run slower than it bids
+    slow: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -61,6 +63,7 @@ class MiniSwarm:
         self.federation = ident(424242)
         feds = frozenset({self.federation.peer_id})
         self.liar_ids = {ids[i].peer_id: p for i, p in self.liars.items()}
+        self.slow_ids = {ids[i].peer_id: f for i, f in self.slow.items()}
         self.peers: dict[str, PeerCore] = {}
         for i, idn in enumerate(ids):
             cfg = self.peer_config(i) if self.peer_config else PeerConfig()
@@ -112,7 +115,7 @@ class MiniSwarm:
             elif isinstance(e, RunShard):
                 key = (src, e.tenant, e.job_id, e.shard, e.attempt)
                 self.running[key] = self.running.get(key, 0) + 1
-                self._push(self.now + e.run_s, ("fin", src, e, self.running[key]))
+                self._push(self.now + e.run_s * self.slow_ids.get(src, 1.0), ("fin", src, e, self.running[key]))
             elif isinstance(e, CancelShard):
                 key = (src, e.tenant, e.job_id, e.shard, e.attempt)
                 self.running[key] = self.running.get(key, 0) + 1  # invalidates the pending finish

@@ -143,3 +143,26 @@ def test_forged_and_misdirected_messages_are_counted_not_fatal() -> None:
     victim.handle(s.now, MessageReceived(mallory.peer_id, raw))
     assert victim.rejected["replayed"] == 1
     assert not victim.leases or len(victim.leases) == 1
+
+
+def test_stragglers_get_a_backup_and_the_first_result_wins() -> None:
+    def jct(factor: float) -> tuple[float, int, object]:
+        s = MiniSwarm(6, seed=21, slow={1: 10.0, 2: 10.0})
+        s.step_until(s.now + 10)
+        c = s.add_client(verify="none", straggler_factor=factor)
+        s.step_until(s.now + 5)
+        t0 = s.now
+        jid, eff = c.submit(s.now, JobRequest("sim", 12, work_s=5.0))
+        s._perform(c.id, eff)
+        s.step_until(s.now + 5000, stop=lambda: jid in s.finished)
+        assert s.finished[jid].ok
+        delivered_once(s, jid, 12)
+        return s.now - t0, c.stats["backups"], s
+
+    slow_jct, backups_off, _ = jct(0.0)
+    fast_jct, backups_on, s = jct(3.0)
+    assert backups_off == 0 and backups_on >= 1
+    assert fast_jct < 0.6 * slow_jct, (fast_jct, slow_jct)
+    # the losing copies are cancelled once the cancels arrive, not left running
+    s.step_until(s.now + 1)
+    assert not any(p.leases for p in s.peers.values())

@@ -81,6 +81,7 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.BIDDING, "no-bid"): ShardState.OPEN,
     (ShardState.AWARDED, "reopen"): ShardState.OPEN,
     (ShardState.AWARDED, "verify"): ShardState.OPEN,  # held result awaits a second opinion
+    (ShardState.AWARDED, "speculate"): ShardState.OPEN,  # a straggler gets a backup; it keeps running
     (ShardState.AWARDED, "result"): ShardState.DONE,
     # a result from an earlier attempt may land while the shard is re-auctioned
     (ShardState.OPEN, "result"): ShardState.DONE,
@@ -117,6 +118,9 @@ class _Shard:
     holders: dict[int, str] = field(default_factory=dict)  # attempt -> peer
     round: int = -1
     counts: dict[str, int] = field(default_factory=dict)  # the job's shards per state (shared)
+    # attempts allowed to go on (the current one, plus a straggler that got a backup)
+    live: set[int] = field(default_factory=set)
+    backups: int = 0
     # verification: results held until a quorum of distinct peers agrees
     candidates: list[tuple[str, int, ShardResult, bytes]] = field(default_factory=list)
     exclude: set[str] = field(default_factory=set)
@@ -182,6 +186,8 @@ class ClientCore(Node):
         self._active: dict[str, _Job] = {}  # unfinished jobs
         # (lease_until, job_id, shard, attempt); stale entries are skipped
         self._lease_heap: list[tuple[float, str, int, int]] = []
+        # (when the attempt counts as a straggler, job_id, shard, attempt)
+        self._straggle_heap: list[tuple[float, str, int, int]] = []
         self._next_gossip = 0.0
         self._counter = 0
 
@@ -280,6 +286,22 @@ class ClientCore(Node):
                 self.stats["leases_lapsed"] += 1
                 self._suspect[sh.peer] = now + self.config.suspect_s
                 self._reopen(job, sh)
+        sheap = self._straggle_heap
+        while sheap and sheap[0][0] <= now:
+            _, jid, idx, attempt = heapq.heappop(sheap)
+            job = self._active.get(jid)
+            if job is None:
+                continue
+            sh = job.shards[idx]
+            if sh.state == ShardState.AWARDED and sh.attempt == attempt and sh.backups < self.config.max_backups:
+                # run a backup elsewhere; the first result wins, the other is cancelled
+                self.stats["backups"] += 1
+                sh.backups += 1
+                sh.exclude.add(sh.peer)
+                self._move(sh, "speculate")
+                sh.attempt = max(sh.holders, default=-1) + 1
+                sh.peer = ""
+                job.next_round_at = -math.inf
         for job in list(self._active.values()):
             out.extend(self._advance(now, job))
         return out
@@ -295,6 +317,15 @@ class ClientCore(Node):
                 t = min(t, until)
                 break
             heapq.heappop(heap)  # stale: renewed, settled or finished
+        sheap = self._straggle_heap
+        while sheap:
+            late, jid, idx, attempt = sheap[0]
+            job = self._active.get(jid)
+            sh = job.shards[idx] if job is not None else None
+            if sh is not None and sh.state == ShardState.AWARDED and sh.attempt == attempt:
+                t = min(t, late)
+                break
+            heapq.heappop(sheap)
         for job in self._active.values():
             if job.round is not None:
                 t = min(t, job.round.close_at)
@@ -456,7 +487,13 @@ class ClientCore(Node):
             self._move(sh, "award")
             sh.peer = peer
             sh.holders[sh.attempt] = peer
+            sh.live.add(sh.attempt)
             self._set_lease(sh, job.spec.job_id, now + self.config.lease_s + self.config.bid_window_s)
+            if self.config.straggler_factor > 0 and sh.backups < self.config.max_backups:
+                k = assigned[peer] - 1
+                expect = bid.start_s + (k // bid.slots + 1) * bid.run_s
+                late = now + self.config.straggler_factor * expect + self.config.straggler_min_s
+                heapq.heappush(self._straggle_heap, (late, job.spec.job_id, sh.index, sh.attempt))
             awarded_any = True
             self.stats["awards_sent"] += 1
             award = Award(job.raw, peer, i, sh.attempt, self.config.lease_s, bid.level)
@@ -487,8 +524,8 @@ class ClientCore(Node):
             self.stats["renewals_unknown"] += 1
             return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, False, 0.0), now)]
         job, sh = found
-        current = not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt
-        if current:
+        current = not job.finished and sh.state != ShardState.DONE and msg.attempt in sh.live
+        if current and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._set_lease(sh, job.spec.job_id, now + self.config.lease_s)
         self.stats["renewals"] += 1
         return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, current, self.config.lease_s), now)]
@@ -499,12 +536,14 @@ class ClientCore(Node):
             raise RemoteProtocolError("unknown-lease", msg.job_id)
         job, sh = found
         self.stats["declines"] += 1
+        sh.live.discard(msg.attempt)
         if not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._reopen(job, sh)
             return self._advance(now, job)
         return []
 
     def _reopen(self, job: _Job, sh: _Shard) -> None:
+        sh.live.discard(sh.attempt)
         self._move(sh, "reopen")
         sh.attempt = max(sh.holders, default=-1) + 1
         sh.peer = ""
@@ -619,16 +658,19 @@ class ClientCore(Node):
 
     def _accept(self, now: float, job: _Job, sh: _Shard, peer: str, msg: ShardResult) -> list[Effect]:
         """Deliver a shard's result (exactly once) and move the job on."""
-        others_attempt = sh.attempt if sh.state == ShardState.AWARDED else None
+        others = {a for a in sh.live if a != msg.attempt}
+        if sh.state == ShardState.AWARDED and sh.attempt != msg.attempt:
+            others.add(sh.attempt)
         self._move(sh, "result")
+        sh.live.clear()
         sh.peer = peer
         job.done += 1
         self.stats["shards_delivered"] += 1
         out: list[Effect] = [
             ShardDelivered(msg.job_id, msg.shard, peer, msg.attempt, msg.result, msg.energy_j, msg.carbon_g, msg.gpu_s)
         ]
-        if others_attempt is not None and others_attempt != msg.attempt:
-            out.extend(self._cancel_others(now, job, sh, msg.attempt))
+        peers = sorted({sh.holders[a] for a in others if a in sh.holders})
+        out.extend(self._send(p, Cancel(job.spec.job_id, (sh.index,)), now) for p in peers)
         if job.done == len(job.shards):
             self._finish(job, now)
             self.stats["jobs_finished"] += 1

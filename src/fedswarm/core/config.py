@@ -94,6 +94,10 @@ class ClientConfig:
     verify_min_rate: float = 0.1  # spot-check rate for well-reputed peers
     verify_trust_after: float = 20.0  # agreed results after which checks reach the min rate
     max_replicas: int = 5  # results collected for one shard before giving up
+    # -- stragglers: a shard running far past its bid gets a backup elsewhere
+    straggler_factor: float = 3.0  # 0 disables; backup after factor x (bid wait + run)
+    straggler_min_s: float = 10.0
+    max_backups: int = 1
 
     def __post_init__(self) -> None:
         if self.verify not in ("none", "auto", "always"):
