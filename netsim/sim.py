@@ -571,6 +571,7 @@ class Simulator:
             chain=tj.chain,
             deadline_s=tj.deadline_s,
             weight=tj.weight,
+            lam=tj.lam,
             job_id=tj.job_id,
         )
         _, effects = rec.core.submit(self.now, req)

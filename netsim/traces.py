@@ -61,6 +61,7 @@ def convert_philly(
     deadline_frac: float = 0.3,
     deadline_factor: float = 3.0,
     max_jobs: int = 0,
+    lam: float = 0.0,
 ) -> list[TraceJob]:
     if tenants_from != "cluster":
         raise ValueError("--tenants-from: only 'cluster' is supported for Philly")
@@ -101,7 +102,7 @@ def convert_philly(
         alone = per * rounds  # chain: rounds back to back; a wide bag: its width side by side, rounds long
         deadline = round(deadline_factor * alone, 3) if _frac(jid) < deadline_frac else None
         out.append(TraceJob(jid, tenant, round((ts.timestamp() - t0.timestamp()) / time_scale, 3), shards, gps,
-                            round(per, 3), deadline, 1.0, kind))
+                            round(per, 3), deadline, 1.0, kind, lam))
     out.sort(key=lambda j: (j.arrival_s, j.job_id))
     return out
 
@@ -125,13 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-frac", type=float, default=0.3)
     p.add_argument("--deadline-factor", type=float, default=3.0)
     p.add_argument("--max-jobs", type=int, default=0)
+    p.add_argument("--lam", type=float, default=0.0, help="every job's weight of joules against seconds")
     a = ap.parse_args(argv)
     try:
         jobs = convert_philly(a.src, start=a.start, window_h=a.window_h, tenants=a.tenants,
                               tenants_from=a.tenants_from, time_scale=a.time_scale, speedup=a.speedup,
                               round_s=a.round_s, max_rounds=a.max_rounds, max_gpus=a.max_gpus,
                               min_duration_s=a.min_duration, deadline_frac=a.deadline_frac,
-                              deadline_factor=a.deadline_factor, max_jobs=a.max_jobs)
+                              deadline_factor=a.deadline_factor, max_jobs=a.max_jobs, lam=a.lam)
     except (OSError, ValueError) as exc:
         print(f"netsim.traces: error: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 Trace columns (header required, order free)::
 
     job_id, tenant, arrival_s, shards, gpus_per_shard, duration_s
-    [, deadline_s, weight, kind]
+    [, deadline_s, weight, kind, lam]
 
 ``duration_s`` is one shard's run time on ``gpus_per_shard`` reference
 devices (-> ``JobRequest.work_s``/``gpus``); ``deadline_s`` is relative to
@@ -22,7 +22,7 @@ from typing import Any
 __all__ = ["TraceJob", "TraceError", "read_trace", "generate", "draw", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS"]
 
 REQUIRED_COLUMNS = ("job_id", "tenant", "arrival_s", "shards", "gpus_per_shard", "duration_s")
-OPTIONAL_COLUMNS = ("deadline_s", "weight", "kind")
+OPTIONAL_COLUMNS = ("deadline_s", "weight", "kind", "lam")
 KINDS = ("bag", "chain")
 
 
@@ -41,6 +41,7 @@ class TraceJob:
     deadline_s: float | None = None
     weight: float = 1.0
     kind: str = "bag"
+    lam: float = 0.0  # weight of joules against seconds in the award rule (JobRequest.lam)
 
     @property
     def chain(self) -> bool:
@@ -109,6 +110,7 @@ def read_trace(path: str | Path) -> list[TraceJob]:
                 duration_s=_num(rec["duration_s"], where, "duration_s"),
                 deadline_s=_num(deadline, where, "deadline_s") if deadline else None,
                 weight=_num(rec.get("weight", "") or "1", where, "weight"),
+                lam=_num(rec.get("lam", "") or "0", where, "lam", positive=False),
                 kind=kind,
             )
         )
@@ -230,4 +232,4 @@ def write_trace(path: str | Path, jobs: list[TraceJob]) -> None:
         w.writerow(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
         for j in jobs:
             w.writerow([j.job_id, j.tenant, j.arrival_s, j.shards, j.gpus_per_shard, j.duration_s,
-                        "" if j.deadline_s is None else j.deadline_s, j.weight, j.kind])
+                        "" if j.deadline_s is None else j.deadline_s, j.weight, j.kind, j.lam])

@@ -106,12 +106,16 @@ def test_abandoned_work_is_garbage_collected_when_client_vanishes() -> None:
     s.step_until(s.now + 10)
     c = s.add_client()
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", 8, work_s=100.0))
+    jid, eff = c.submit(s.now, JobRequest("sim", 8, work_s=5000.0))
     s._perform(c.id, eff)
     s.step_until(s.now + 5)
     assert any(p.leases for p in s.peers.values())
     s.crash(c.id)
-    s.step_until(s.now + PeerConfig().lease_grace_s + 5)
+    # a long shard holds a lease of up to max_lease_s; it is abandoned after
+    # twice the granted lease (or lease_grace_s, if longer) without an ack
+    from fedswarm.core.config import ClientConfig
+
+    s.step_until(s.now + max(PeerConfig().lease_grace_s, 2 * ClientConfig().max_lease_s) + 5)
     assert not any(p.leases for p in s.peers.values())
     assert sum(p.stats["leases_abandoned"] for p in s.peers.values()) >= 1
 

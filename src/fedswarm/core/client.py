@@ -416,6 +416,11 @@ class ClientCore(Node):
         spec = job.spec
         pool.sort(key=lambda e: (e.state.backlog_s + spec.work_s / _speed(e.state.throughput, spec.task), e.peer))
         invited = [e.peer for e in pool[:want]]
+        if any(s.candidates for s in open_):
+            # a second opinion from a trusted peer settles a shard at once and
+            # makes a caught liar's accusation believable to the whole swarm
+            trusted = [e.peer for e in cands if e.trusted and e.peer not in invited]
+            invited.extend(trusted[:2])
         shards = tuple(s.index for s in open_[:4096])
         rid = job.next_round_id
         job.next_round_id += 1
@@ -525,10 +530,14 @@ class ClientCore(Node):
             return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, False, 0.0), now)]
         job, sh = found
         current = not job.finished and sh.state != ShardState.DONE and msg.attempt in sh.live
+        # a shard with a long way to go gets a longer lease (fewer renewals);
+        # one close to done keeps the short one, so a crash is noticed fast
+        cfg = self.config
+        granted = min(max(cfg.lease_s, 0.5 * msg.eta_s), cfg.max_lease_s)
         if current and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
-            self._set_lease(sh, job.spec.job_id, now + self.config.lease_s)
+            self._set_lease(sh, job.spec.job_id, now + granted)
         self.stats["renewals"] += 1
-        return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, current, self.config.lease_s), now)]
+        return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, current, granted), now)]
 
     def _on_decline(self, now: float, signed: Signed, msg: AwardDecline) -> list[Effect]:
         found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)
@@ -641,8 +650,6 @@ class ClientCore(Node):
             self.ban(peer)
         elif peer in self._accused or not witnessed:
             return []  # results it returned before we caught it add nothing
-        if len(winner) < 2:
-            return []  # a single trusted witness convinces us, not the swarm
         if witnessed:
             self._accused.add(peer)
         evidence = (liar[3],) + tuple(c[3] for c in winner)

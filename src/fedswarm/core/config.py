@@ -77,6 +77,7 @@ class ClientConfig:
     retry_backoff_s: float = 0.5
     retry_backoff_max_s: float = 8.0
     lease_s: float = 8.0  # a lease lapses this long after the last renewal
+    max_lease_s: float = 120.0  # longest lease granted to a shard with a long ETA
     max_attempts: int = 20
     gossip_interval_s: float = 2.0
     max_view: int = 1024

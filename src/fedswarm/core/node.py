@@ -200,9 +200,10 @@ class Node:
         """Check an accusation's evidence; ban the accused if it holds.
 
         The evidence must be signed results for one shard in which the
-        accused's result differs from a group of at least two other peers
-        that agree, and that group must include a peer *we* trust: a tenant
-        with sybils cannot frame an honest peer without a trusted witness.
+        accused's result differs from those of witnesses that all agree with
+        each other, and the witnesses must include a peer *we* trust (whose
+        results we believe): a tenant with sybils cannot frame an honest peer
+        without a trusted witness.
         Returns True if the accused is newly banned.
         """
         if acc.accused in self.banned or acc.accused == self.id:
@@ -222,8 +223,8 @@ class Node:
         bad = results.pop(acc.accused)
         agreeing = [p for p, r in results.items() if r != bad]
         values = {results[p] for p in agreeing}
-        if len(agreeing) < 2 or len(values) != 1:
-            raise RemoteProtocolError("bad-evidence", "no agreeing quorum against the accused")
+        if not agreeing or len(values) != 1 or len(agreeing) != len(results):
+            raise RemoteProtocolError("bad-evidence", "witnesses do not agree against the accused")
         if not any(self.is_trusted(p) for p in agreeing):
             self.stats["accusations_unwitnessed"] += 1
             return False

@@ -117,6 +117,7 @@ class _Lease:
     next_renew_at: float
     state: str = LeaseState.QUEUED
     started_at: float = 0.0
+    granted_s: float = 0.0  # lease length the client last granted
 
     @property
     def tenant(self) -> str:
@@ -217,7 +218,7 @@ class PeerCore(Node):
             out.extend(self._gossip_round(now))
         etas: dict[LeaseKey, float] | None = None
         for lease in list(self.leases.values()):
-            if now - lease.last_ack_at > self.config.lease_grace_s:
+            if now - lease.last_ack_at > self._grace(lease):
                 self.stats["leases_abandoned"] += 1
                 out.extend(self._drop(lease))
                 etas = None
@@ -243,7 +244,7 @@ class PeerCore(Node):
         t = self._next_gossip
         cfg = self.config
         for lease in self.leases.values():
-            t = min(t, lease.next_renew_at, lease.last_ack_at + cfg.lease_grace_s + 1e-6)
+            t = min(t, lease.next_renew_at, lease.last_ack_at + self._grace(lease) + 1e-6)
         for ob in self.outbox.values():
             t = min(t, ob.next_at)
         return t
@@ -577,7 +578,15 @@ class PeerCore(Node):
             self.stats["leases_revoked"] += 1
             return self._drop(lease) + self._schedule(now)
         lease.last_ack_at = now
+        # the client may grant a longer lease to a shard with a long way to
+        # go: renew at a third of it (never more often than configured)
+        lease.granted_s = ack.lease_s
+        lease.next_renew_at = max(lease.next_renew_at, now + ack.lease_s / 3.0)
         return []
+
+    def _grace(self, lease: _Lease) -> float:
+        """Silence from the client after which a lease is abandoned."""
+        return max(self.config.lease_grace_s, 2.0 * lease.granted_s)
 
     def _on_cancel(self, now: float, signed: Signed, cancel: Cancel) -> list[Effect]:
         out: list[Effect] = []
