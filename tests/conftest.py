@@ -1,6 +1,34 @@
 import os
 import sys
 
+import pytest
+
 # shared test helpers (MiniSwarm, ...) live in tests/support; adding tests/
 # itself to sys.path would let tests/netsim shadow the netsim package
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
+
+# nothing is ever fetched from a model hub: the models ship with the project
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads():
+    """Two torch threads (this machine's cores) for the tests that use torch."""
+    import torch
+
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir():
+    from fedswarm.tasks.checkpoint import resolve_model
+
+    return resolve_model("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def gqa_dir():
+    from fedswarm.tasks.checkpoint import resolve_model
+
+    return resolve_model("tiny-llama-gqa")
