@@ -34,12 +34,11 @@ from fedswarm.core.events import (
     ShardFinished,
 )
 from fedswarm.core.identity import Identity
-from fedswarm.errors import RemoteProtocolError
 from fedswarm.core.peer import PeerCore
+from fedswarm.errors import RemoteProtocolError
 from fedswarm.core.wire import VerifyCache, decode_unverified
 from fedswarm.profiles import Profile
 
-from .cores import SimClientCore, SimPeerCore
 from .metrics import StepFn, jain, rho
 from .network import Partition
 from .scenario import Scenario
@@ -215,12 +214,12 @@ class Simulator:
         idn: Identity = rec.core
         assert rec.profile is not None
         cfg = rec.profile.peer_config(**{**self.sc.peer_overrides, "region": rec.region, "bootstrap": boot})
-        return SimPeerCore(idn, cfg, random.Random(self.core_rng.getrandbits(64)), verify_cache=self.cache, fast=self.fast)
+        return PeerCore(idn, cfg, random.Random(self.core_rng.getrandbits(64)), verify_cache=self.cache)
 
     def _add_client(self, tname: str) -> NodeRec:
         idn = self._identity()
         cfg = replace(self.client_cfg, bootstrap=self.boot)
-        core = SimClientCore(idn, cfg, random.Random(self.core_rng.getrandbits(64)), verify_cache=self.cache, fast=self.fast)
+        core = ClientCore(idn, cfg, random.Random(self.core_rng.getrandbits(64)), verify_cache=self.cache)
         rec = NodeRec(idn.peer_id, core, False, self._draw_region(), None, tname)
         self.nodes[rec.id] = rec
         self.clients[tname] = rec
