@@ -73,7 +73,7 @@ import logging
 import os
 import struct
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, make_dataclass
 from typing import AsyncIterator, Sequence
 
 import multiaddr
@@ -177,27 +177,8 @@ class Libp2pStatistics:
     pubsub_out: int = 0
 
 
-@dataclass
-class _Counters:
-    bytes_in: int = 0
-    bytes_out: int = 0
-    frames_in: int = 0
-    frames_out: int = 0
-    oversize_rejected: int = 0
-    send_failures: int = 0
-    direct_streams_opened: int = 0
-    direct_streams_accepted: int = 0
-    request_streams_opened: int = 0
-    request_streams_accepted: int = 0
-    requests_out: int = 0
-    requests_in: int = 0
-    request_timeouts: int = 0
-    request_failures: int = 0
-    direct_streams_broken: int = 0
-    dht_lookups: int = 0
-    dht_found: int = 0
-    pubsub_in: int = 0
-    pubsub_out: int = 0
+#: the mutable twin of ``Libp2pStatistics`` (same fields), updated in place
+_Counters = make_dataclass("_Counters", [(f.name, int, 0) for f in fields(Libp2pStatistics)])
 
 
 class _Oversize(Exception):
