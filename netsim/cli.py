@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 from . import dumps_results
@@ -101,17 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         return faults_main(args)
 
     t0 = time.perf_counter()
+    loaded = _load(args)
+    if loaded is None:
+        return 2
+    sc, jobs = loaded
     try:
-        sc = load_scenario(args.scenario, profiles_dir=args.profiles)
-        jobs = read_trace(args.trace) if args.trace else None
-        if args.peers is not None:
-            sc = sc.scaled(args.peers)
-        if args.max_time is not None:
-            sc.max_time_s = args.max_time
-    except (ScenarioError, TraceError, ValueError) as exc:
+        sim = Simulator(sc, args.seed, jobs=jobs)
+    except (ScenarioError, ValueError) as exc:  # e.g. a fault names a tenant the trace lacks
         print(f"netsim: error: {exc}", file=sys.stderr)
         return 2
-    sim = Simulator(sc, args.seed, jobs=jobs)
     sim.run()
     res = sim.results()
     text = dumps_results(res)
@@ -132,15 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def compare_main(args: argparse.Namespace) -> int:
-    from .compare import POLICIES, compare, print_table, write_plot_data
-
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
-    if bad or not policies:
-        print(f"netsim: error: unknown policy {bad}; choose from {list(POLICIES)}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
+def _load(args: argparse.Namespace) -> "tuple[Any, Any] | None":
+    """The scenario (scaled, time-capped) and trace named on the command
+    line; None after printing the error for a bad input."""
     try:
         sc = load_scenario(args.scenario, profiles_dir=args.profiles)
         jobs = read_trace(args.trace) if args.trace else None
@@ -150,7 +143,23 @@ def compare_main(args: argparse.Namespace) -> int:
             sc.max_time_s = args.max_time
     except (ScenarioError, TraceError, ValueError) as exc:
         print(f"netsim: error: {exc}", file=sys.stderr)
+        return None
+    return sc, jobs
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    from .compare import POLICIES, compare, print_table, write_plot_data
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        print(f"netsim: error: unknown policy {bad}; choose from {list(POLICIES)}", file=sys.stderr)
         return 2
+    t0 = time.perf_counter()
+    loaded = _load(args)
+    if loaded is None:
+        return 2
+    sc, jobs = loaded
 
     def progress(pol: str) -> None:
         print(f"netsim: {pol} done ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
