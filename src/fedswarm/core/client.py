@@ -409,7 +409,10 @@ class ClientCore(Node):
             return out
         cfg = self.config
         excluded = max((len(s.exclude) for s in open_), default=0)
-        want = min(max(int(math.ceil(cfg.probe_ratio * len(open_))), cfg.probe_min) + excluded, cfg.probe_max, len(cands))
+        # d probes per slot needed: a gang of g GPUs asks like g tasks would,
+        # since few peers can host it and their queues differ widely
+        need = len(open_) * max(job.spec.gpus, 1)
+        want = min(max(int(math.ceil(cfg.probe_ratio * need)), cfg.probe_min) + excluded, cfg.probe_max, len(cands))
         pool = self.rng.sample(cands, min(len(cands), 2 * want))
         # power of d choices on the estimated finish of one shard there: the
         # peer's backlog (already per slot) plus the shard's run time at its speed

@@ -453,12 +453,24 @@ class PeerCore(Node):
         ctx = self._context(now)
         mine = self._prio(job, tenant, ctx, 0.0)
         ahead = 0.0
+        running: list[tuple[float, int]] = []  # (seconds left, slots held)
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
                 ahead += self._remaining(lease, now)
+                running.append((max(lease.run_s - (now - lease.started_at), 0.0), max(lease.job.gpus, 1)))
             elif self._prio(lease.job, lease.tenant, ctx, 0.0) <= mine:
                 ahead += self._remaining(lease, now)
-        return ahead / self.config.slots
+        wait = ahead / self.config.slots
+        # a gang needs its slots free at the same time: the average says too
+        # little when one long shard holds a slot the gang needs
+        need = max(job.gpus, 1) - (self.config.slots - self._busy_slots)
+        if need > 0:
+            for left, held in sorted(running):
+                need -= held
+                if need <= 0:
+                    wait = max(wait, left)
+                    break
+        return wait
 
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
         job, tenant = self._job_from(cfb.job, now)
