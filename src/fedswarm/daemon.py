@@ -184,6 +184,11 @@ def setup_logging(fmt: str = "json", level: str = "info") -> None:
 
 def quiet_libraries() -> None:
     """py-libp2p logs every failed dial as an error; fedswarm maps those to
-    ``PeerUnreachable`` and counts them, so the library's own log is muted."""
+    ``PeerUnreachable`` and counts them, so the library's own log is muted.
+
+    py-libp2p resets its logger when first imported, so import it first.
+    """
+    import libp2p  # noqa: F401
+
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
