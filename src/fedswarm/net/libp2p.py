@@ -532,23 +532,30 @@ class Libp2pTransport:
         if self._out.get(peer_id) is fs:
             del self._out[peer_id]
 
+    async def _read_bounded(self, fs: "_FramedStream", sender: str, what: str) -> bytes | None:
+        """Next frame of an incoming stream, counted; None at its end or after
+        refusing (and resetting) one larger than ``max_frame``."""
+        try:
+            data = await fs.read_frame(self.config.max_frame)
+        except _Oversize as exc:
+            self._c.oversize_rejected += 1
+            log.warning("refusing %d-byte %s from %s", exc.args[0], what, sender)
+            await fs.reset()
+            return None
+        if data is not None:
+            self._c.frames_in += 1
+            self._c.bytes_in += len(data)
+        return data
+
     async def _serve_direct(self, stream) -> None:  # noqa: ANN001
         sender = stream.muxed_conn.peer_id.to_base58()
         self._c.direct_streams_accepted += 1
         fs = _FramedStream(stream)
         try:
             while not self._closed:
-                try:
-                    data = await fs.read_frame(self.config.max_frame)
-                except _Oversize as exc:
-                    self._c.oversize_rejected += 1
-                    log.warning("refusing %d-byte frame from %s", exc.args[0], sender)
-                    await fs.reset()
-                    return
+                data = await self._read_bounded(fs, sender, "frame")
                 if data is None:
                     return
-                self._c.frames_in += 1
-                self._c.bytes_in += len(data)
                 await self._in_send.send(Incoming("direct", sender, data))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             await fs.reset()
@@ -633,18 +640,10 @@ class Libp2pTransport:
         fs = _FramedStream(stream)
         try:
             while not self._closed:
-                try:
-                    data = await fs.read_frame(self.config.max_frame)
-                except _Oversize as exc:
-                    self._c.oversize_rejected += 1
-                    log.warning("refusing %d-byte request from %s", exc.args[0], sender)
-                    await fs.reset()
-                    return
+                data = await self._read_bounded(fs, sender, "request")
                 if data is None:
                     return
                 self._c.requests_in += 1
-                self._c.frames_in += 1
-                self._c.bytes_in += len(data)
                 handler = self._handlers[protocol]
                 try:
                     resp = await handler(sender, data)
