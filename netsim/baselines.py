@@ -170,6 +170,16 @@ class BaselineSim:
         self.peers[rec.id] = p
         return p
 
+    def _bring_up(self, p: _Peer, t: float) -> None:
+        """A peer starts (at setup or by joining): free, and work may go to it."""
+        p.rec.alive = p.rec.started = True
+        p.rec.start_t = t
+        p.free = p.slots
+        self._free_ids.add(p.rec.id)
+        self._cap_update()
+        self._load_changed(p)
+        self._retry_open()
+
     def _join_peer(self, prof: Profile, region: str) -> _Peer:
         rec = self.base._new_peer(prof, region)
         rec.core = self.base._peer_core(rec, self.base.boot)
@@ -518,23 +528,9 @@ class BaselineSim:
             elif kind == ARRIVE:
                 self._arrive(a)
             elif kind == PSTART:
-                p = self.peers[a]
-                p.rec.alive = p.rec.started = True
-                p.rec.start_t = t
-                p.free = p.slots
-                self._free_ids.add(p.rec.id)
-                self._cap_update()
-                self._load_changed(p)
-                self._retry_open()
+                self._bring_up(self.peers[a], t)
             elif kind == JOIN:
-                p = self._join_peer(a, b)
-                p.rec.alive = p.rec.started = True
-                p.rec.start_t = t
-                p.free = p.slots
-                self._free_ids.add(p.rec.id)
-                self._cap_update()
-                self._load_changed(p)
-                self._retry_open()
+                self._bring_up(self._join_peer(a, b), t)
             elif kind == CRASH:
                 p = self.peers[a]
                 if p.rec.alive:
