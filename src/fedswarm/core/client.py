@@ -277,23 +277,17 @@ class ClientCore(Node):
                 out.append(self._gossip_to(now, self.rng.choice(peers), reply=True, entries=0))
         heap = self._lease_heap
         while heap and heap[0][0] <= now:
-            until, jid, idx, attempt = heapq.heappop(heap)
-            job = self._active.get(jid)
-            if job is None:
-                continue
-            sh = job.shards[idx]
-            if sh.state == ShardState.AWARDED and sh.attempt == attempt and sh.lease_until == until:
+            found = self._held(heapq.heappop(heap), lease=True)
+            if found is not None:
+                job, sh = found
                 self.stats["leases_lapsed"] += 1
                 self._suspect[sh.peer] = now + self.config.suspect_s
                 self._reopen(job, sh)
         sheap = self._straggle_heap
         while sheap and sheap[0][0] <= now:
-            _, jid, idx, attempt = heapq.heappop(sheap)
-            job = self._active.get(jid)
-            if job is None:
-                continue
-            sh = job.shards[idx]
-            if sh.state == ShardState.AWARDED and sh.attempt == attempt and sh.backups < self.config.max_backups:
+            found = self._held(heapq.heappop(sheap), lease=False)
+            if found is not None and found[1].backups < self.config.max_backups:
+                job, sh = found
                 # run a backup elsewhere; the first result wins, the other is cancelled
                 self.stats["backups"] += 1
                 sh.backups += 1
@@ -309,29 +303,30 @@ class ClientCore(Node):
     def next_deadline(self) -> float:
         t = self._next_gossip
         heap = self._lease_heap
-        while heap:
-            until, jid, idx, attempt = heap[0]
-            job = self._active.get(jid)
-            sh = job.shards[idx] if job is not None else None
-            if sh is not None and sh.state == ShardState.AWARDED and sh.attempt == attempt and sh.lease_until == until:
-                t = min(t, until)
-                break
-            heapq.heappop(heap)  # stale: renewed, settled or finished
-        sheap = self._straggle_heap
-        while sheap:
-            late, jid, idx, attempt = sheap[0]
-            job = self._active.get(jid)
-            sh = job.shards[idx] if job is not None else None
-            if sh is not None and sh.state == ShardState.AWARDED and sh.attempt == attempt:
-                t = min(t, late)
-                break
-            heapq.heappop(sheap)
+        for h, lease in ((heap, True), (self._straggle_heap, False)):
+            while h:
+                if self._held(h[0], lease=lease) is not None:
+                    t = min(t, h[0][0])
+                    break
+                heapq.heappop(h)  # stale: renewed, settled or finished
         for job in self._active.values():
             if job.round is not None:
                 t = min(t, job.round.close_at)
             elif job.counts[ShardState.OPEN] and self._openable(job):
                 t = min(t, job.next_round_at)
         return t
+
+    def _held(self, entry: tuple[float, str, int, int], *, lease: bool) -> tuple[_Job, _Shard] | None:
+        """The job and shard a lease- or straggler-heap entry still refers to
+        (the attempt is still awarded, and for a lease, not renewed since)."""
+        when, jid, idx, attempt = entry
+        job = self._active.get(jid)
+        if job is None:
+            return None
+        sh = job.shards[idx]
+        if sh.state != ShardState.AWARDED or sh.attempt != attempt or (lease and sh.lease_until != when):
+            return None
+        return job, sh
 
     def _set_lease(self, sh: _Shard, job_id: str, until: float) -> None:
         sh.lease_until = until
