@@ -190,13 +190,16 @@ class ClientCore(Node):
         self._straggle_heap: list[tuple[float, str, int, int]] = []
         self._next_gossip = 0.0
         self._counter = 0
+        #: peer -> (last award time, seconds per slot awarded since its state)
+        self._pending: dict[str, tuple[float, float]] = {}
 
     # ------------------------------------------------------------------
     # public API
 
     def start(self, now: float) -> list[Effect]:
         self._next_gossip = now + self.config.gossip_interval_s
-        return [self._gossip_to(now, b, reply=True, entries=0) for b in self.config.bootstrap]
+        want = self.config.pull_entries
+        return [self._gossip_to(now, b, reply=True, entries=0, want=want) for b in self.config.bootstrap]
 
     def submit(self, now: float, req: JobRequest) -> tuple[str, list[Effect]]:
         """Sign and open a job; returns its id and the first effects."""
@@ -274,7 +277,9 @@ class ClientCore(Node):
             self.view.expire(now)
             peers = [p for p in self.view.peers() if p != self.id] or list(self.config.bootstrap)
             if peers:
-                out.append(self._gossip_to(now, self.rng.choice(peers), reply=True, entries=0))
+                # a client has no state to push; it pulls a large slice of a
+                # peer's view, so that it knows most candidates for its jobs
+                out.append(self._gossip_to(now, self.rng.choice(peers), reply=True, entries=0, want=self.config.pull_entries))
         heap = self._lease_heap
         while heap and heap[0][0] <= now:
             found = self._held(heapq.heappop(heap), lease=True)
@@ -408,12 +413,7 @@ class ClientCore(Node):
         # since few peers can host it and their queues differ widely
         need = len(open_) * max(job.spec.gpus, 1)
         want = min(max(int(math.ceil(cfg.probe_ratio * need)), cfg.probe_min) + excluded, cfg.probe_max, len(cands))
-        pool = self.rng.sample(cands, min(len(cands), 2 * want))
-        # power of d choices on the estimated finish of one shard there: the
-        # peer's backlog (already per slot) plus the shard's run time at its speed
-        spec = job.spec
-        pool.sort(key=lambda e: (e.state.backlog_s + spec.work_s / _speed(e.state.throughput, spec.task), e.peer))
-        invited = [e.peer for e in pool[:want]]
+        invited = self._pick(job.spec, cands, want, now)
         if any(s.candidates for s in open_):
             # a second opinion from a trusted peer settles a shard at once and
             # makes a caught liar's accusation believable to the whole swarm
@@ -433,6 +433,46 @@ class ClientCore(Node):
         self.stats["cfb_sent"] += len(invited)
         self.stats["rounds"] += 1
         return out
+
+    def _eta(self, spec: JobSpec, e: ViewEntry, now: float) -> float:
+        """Estimated finish of one shard of ``spec`` on ``e``'s peer.
+
+        The gossiped backlog (seconds per slot) drains while the state ages,
+        and shards this client awarded there since that state was issued are
+        added back (``_pending``), so that rounds closing between two gossip
+        rounds do not all pile onto the same peer.
+        """
+        st = e.state
+        age = max(now - e.issued_at, 0.0)
+        backlog = st.backlog_s
+        if spec.gpus > 1 and len(st.free_s) >= spec.gpus:
+            # a gang waits for its slots to be free together, not for the average
+            backlog = max(backlog, st.free_s[spec.gpus - 1])
+        backlog = max(backlog - age, 0.0)
+        pend = self._pending.get(e.peer)
+        if pend is not None:
+            if e.issued_at > pend[0] + self.config.bid_window_s:
+                del self._pending[e.peer]  # a newer state already counts them
+            else:
+                backlog += pend[1]
+        return backlog + spec.work_s / _speed(st.throughput, spec.task)
+
+    def _pick(self, spec: JobSpec, cands: list[ViewEntry], want: int, now: float) -> list[str]:
+        """Whom to invite: the ``want`` candidates with the earliest estimated
+        finish, a share of them (``explore_ratio``) swapped for random others.
+
+        The view is free to consult but seconds old; the bids say the truth.
+        Ranking the whole view finds the fast peers a random sample misses on
+        a heterogeneous swarm; the random picks keep stale entries honest and
+        spread load when many clients share one view.
+        """
+        if len(cands) <= want:
+            return [e.peer for e in cands]
+        n_explore = min(int(want * self.config.explore_ratio), want - 1)
+        top = heapq.nsmallest(want - n_explore, cands, key=lambda e: (self._eta(spec, e, now), e.peer))
+        chosen = {e.peer for e in top}
+        rest = [e for e in cands if e.peer not in chosen]
+        return [e.peer for e in top] + [e.peer for e in self.rng.sample(rest, n_explore)]
 
     def _backoff(self, job: _Job, now: float) -> None:
         cfg = self.config
@@ -467,26 +507,37 @@ class ClientCore(Node):
         assigned: dict[str, int] = {}
         bidders = sorted(rnd.bids.items())
         awarded_any = False
+        # time left to the deadline for this round's shards (a chain's
+        # deadline is shared by the shards still to come, as peers assume)
+        left = math.inf
+        if spec.deadline_s is not None:
+            left = job.submitted_at + spec.deadline_s - now
+            if spec.chain:
+                left /= max(spec.shards - min(rnd.shards), 1)
         for i in rnd.shards:
             sh = job.shards[i]
             if sh.state != ShardState.BIDDING or sh.round != rnd.id:
                 continue
-            best: tuple[float, str, Bid] | None = None
+            # order: a trusted second opinion (settles a shard at once), then
+            # bids that meet the deadline, then weighted finish + lam * energy
+            best: tuple[tuple[bool, bool, float, str], Bid] | None = None
             for peer, bid in bidders:
                 if i not in bid.shards or peer in sh.exclude or peer in self.banned:
                     continue
                 k = assigned.get(peer, 0)
                 finish = bid.start_s + (k // bid.slots + 1) * bid.run_s
                 cost = spec.weight * finish + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g)
-                if sh.candidates and self.is_trusted(peer):
-                    cost -= 1e12  # a second opinion from a trusted peer settles it
-                if best is None or (cost, peer) < (best[0], best[1]):
-                    best = (cost, peer, bid)
+                key = (not (sh.candidates and self.is_trusted(peer)), finish > left, cost, peer)
+                if best is None or key < best[0]:
+                    best = (key, bid)
             if best is None:
                 self._move(sh, "no-bid")
                 continue
-            _, peer, bid = best
+            peer, bid = best[0][3], best[1]
             assigned[peer] = assigned.get(peer, 0) + 1
+            pend = self._pending.get(peer)
+            extra = bid.run_s / max(bid.slots, 1)
+            self._pending[peer] = (now, extra + (pend[1] if pend is not None else 0.0))
             self._move(sh, "award")
             sh.peer = peer
             sh.holders[sh.attempt] = peer

@@ -73,6 +73,7 @@ class ClientConfig:
     probe_ratio: float = 2.0  # peers asked per open shard (Sparrow's d)
     probe_min: int = 3
     probe_max: int = 32
+    explore_ratio: float = 0.25  # share of invitations sent to random peers, not the best-ranked
     bid_window_s: float = 0.5
     retry_backoff_s: float = 0.5
     retry_backoff_max_s: float = 8.0
@@ -80,6 +81,7 @@ class ClientConfig:
     max_lease_s: float = 120.0  # longest lease granted to a shard with a long ETA
     max_attempts: int = 20
     gossip_interval_s: float = 2.0
+    pull_entries: int = 128  # view entries asked of a peer per gossip pull (<= 255)
     max_view: int = 1024
     max_skew_s: float = 60.0
     suspect_s: float = 60.0  # a peer whose lease lapsed is not invited for this long
@@ -101,6 +103,8 @@ class ClientConfig:
     max_backups: int = 1
 
     def __post_init__(self) -> None:
+        if not 0 <= self.pull_entries <= 255:
+            raise ValueError("pull_entries must be in [0, 255]")
         if self.verify not in ("none", "auto", "always"):
             raise ValueError("verify must be none, auto or always")
         if self.quorum < 2 or self.max_replicas < self.quorum:

@@ -1,0 +1,65 @@
+"""Where a client's invitations and awards go: ranked by estimated finish."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.config import ClientConfig, PeerConfig
+from fedswarm.core.view import ViewEntry
+from fedswarm.core.wire import JobSpec
+from helpers import MiniSwarm, ident
+
+
+def test_single_shards_find_the_few_fast_peers_in_a_large_swarm() -> None:
+    # 2 fast peers among 40: a random sample of a few would miss them most of
+    # the time; ranking the view by estimated finish finds them every time
+    fast = {3, 17}
+    s = MiniSwarm(40, seed=11, peer_config=lambda i: PeerConfig(throughput={"*": 4.0 if i in fast else 0.25}))
+    s.step_until(s.now + 120)  # views converge
+    c = s.add_client()
+    s.step_until(s.now + 30)
+    fast_ids = {pid for i, pid in enumerate(s.peers) if i in fast}
+    ran_on: list[str] = []
+    for _ in range(12):
+        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=4.0))
+        s._perform(c.id, eff)
+        s.step_until(s.now + 300, stop=lambda: jid in s.finished)
+        assert s.finished[jid].ok
+        ran_on.append(next(d.peer for d in s.delivered if d.job_id == jid))
+    assert sum(p in fast_ids for p in ran_on) >= 11, ran_on
+
+
+def test_peer_state_says_when_its_slots_free_up() -> None:
+    s = MiniSwarm(1, seed=3, peer_config=lambda i: PeerConfig(slots=4))
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    jid, eff = c.submit(s.now, JobRequest("sim", 2, work_s=100.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 10)
+    (peer,) = s.peers.values()
+    free = peer._state(s.now).free_s
+    assert free[:2] == (0.0, 0.0)
+    assert len(free) == 4 and 85 < free[2] <= free[3] < 100
+
+
+def _entry(peer: str, base: ViewEntry, **changes: object) -> ViewEntry:
+    return ViewEntry(peer, dataclasses.replace(base.state, **changes), base.issued_at, base.raw, base.learnt_at)
+
+
+def test_gang_ranking_uses_when_slots_free_together() -> None:
+    s = MiniSwarm(1, seed=5, peer_config=lambda i: PeerConfig(slots=8))
+    (peer,) = s.peers.values()
+    base = peer.view.get(peer.id)
+    assert base is not None
+    # A: low average backlog but one slot busy for 500 s; B: busier on
+    # average, yet all 8 slots free within 60 s
+    a = _entry("A", base, backlog_s=40.0, free_s=(0.0,) * 7 + (500.0,))
+    b = _entry("B", base, backlog_s=60.0, free_s=(50.0,) * 4 + (60.0,) * 4)
+    c = ClientCore(ident(99), ClientConfig(explore_ratio=0.0), random.Random(1))
+    now = base.issued_at
+    gang = JobSpec("g", "sim", 1, False, 5.0, 8, 0, None, 1.0, 0.0, now, b"\x80")
+    single = dataclasses.replace(gang, gpus=1)
+    assert c._pick(gang, [a, b], 1, now) == ["B"]
+    assert c._pick(single, [a, b], 1, now) == ["A"]
