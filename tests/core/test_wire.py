@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 import msgpack
@@ -57,6 +59,7 @@ peer_states = st.builds(
     region=st.text(max_size=8),
     leaving=st.booleans(),
     ledger=st.dictionaries(names, st.floats(-1e6, 1e6), max_size=4),
+    free_s=st.lists(st.floats(0, 1e6), max_size=8).map(lambda xs: tuple(sorted(xs))),
 )
 job_specs = st.builds(
     JobSpec,
@@ -158,6 +161,20 @@ def test_unsigned_claims_are_rejected_and_cannot_be_made() -> None:
     assert exc.value.reason == "unsigned"
     # gossip containers are the one unsigned kind
     assert decode(encode(Gossip((), True), None, issued_at=1.0, nonce=1)).msg == Gossip((), True)
+    assert decode(encode(Gossip((), True, 128), None, issued_at=1.0, nonce=1)).msg.want == 128
+    with pytest.raises(LocalProtocolError):
+        encode(Gossip((), True, 100_000), None, issued_at=1.0, nonce=1)
+
+
+def test_older_peers_bodies_still_decode() -> None:
+    # PeerState without free_s and Gossip without want: what peers that
+    # predate those optional fields send
+    st = PeerState(1, 30.0, (), 1, {"*": 1.0}, 0.0, PowerInfo(0, 0, 0, 0, 2.5, (1.0,)), 0.0, 0.0, (), "volunteer",
+                   b"", (), "", False, {}, (4.0,))
+    assert PeerState.from_body(st.to_body()[:16]) == dataclasses.replace(st, free_s=())
+    assert Gossip.from_body([[], True]) == Gossip((), True, 0)
+    with pytest.raises(RemoteProtocolError):
+        PeerState.from_body(st.to_body()[:16] + [[5.0, 1.0]])  # free times must ascend
 
 
 def test_oversize_unknown_kind_and_version() -> None:

@@ -18,7 +18,18 @@ from .identity import Identity
 from .ledger import Ledger
 from .view import View
 from .membership import check_membership
-from .wire import Accusation, Gossip, Message, PeerState, ShardResult, Signed, VerifyCache, decode, encode
+from .wire import (
+    MAX_GOSSIP_REPLY,
+    Accusation,
+    Gossip,
+    Message,
+    PeerState,
+    ShardResult,
+    Signed,
+    VerifyCache,
+    decode,
+    encode,
+)
 
 __all__ = ["Node", "Guard", "RateLimiter"]
 
@@ -178,6 +189,8 @@ class Node:
         for raw in g.entries:
             self._merge_state(now, raw)
         if g.reply:
+            if g.want:
+                return [self._gossip_to(now, sender, reply=False, entries=g.want)]
             return [self._gossip_to(now, sender, reply=False)]
         return []
 
@@ -185,12 +198,12 @@ class Node:
         """Our own signed state to gossip (None for clients)."""
         return None
 
-    def _gossip_to(self, now: float, to: str, *, reply: bool, entries: int = 8) -> Send:
+    def _gossip_to(self, now: float, to: str, *, reply: bool, entries: int = 8, want: int = 0) -> Send:
         own = self._own_entry(now)
-        picked = self.view.sample_for_gossip(entries, self.rng, now, exclude=to)
+        picked = self.view.sample_for_gossip(min(entries, MAX_GOSSIP_REPLY), self.rng, now, exclude=to)
         raws = ([own] if own is not None else []) + [e.raw for e in picked]
         self.stats["gossip_sent"] += 1
-        return Send(to, self._encode(Gossip(tuple(raws), reply), now), "Gossip")
+        return Send(to, self._encode(Gossip(tuple(raws), reply, want), now), "Gossip")
 
     def is_trusted(self, peer: str) -> bool:
         e = self.view.get(peer)

@@ -285,7 +285,7 @@ class PeerCore(Node):
             self.spans,
         )
 
-    def _state(self) -> PeerState:
+    def _state(self, now: float) -> PeerState:
         c = self.config
         pm = c.power
         return PeerState(
@@ -305,7 +305,22 @@ class PeerCore(Node):
             region=c.region,
             leaving=self.leaving,
             ledger=self.ledger.row(self.id),
+            free_s=self._free_times(now),
         )
+
+    def _free_times(self, now: float) -> tuple[float, ...]:
+        """Seconds until 1, 2, ... slots are free together (running shards only)."""
+        n = min(self.config.slots, 64)
+        out = [0.0] * min(self.config.slots - self._busy_slots, n)
+        for left, held in sorted(
+            (max(lease.run_s - (now - lease.started_at), 0.0), max(lease.job.gpus, 1))
+            for lease in self.leases.values()
+            if lease.state == LeaseState.RUNNING
+        ):
+            out.extend([round(left, 3)] * held)
+            if len(out) >= n:
+                break
+        return tuple(out[:n])
 
     def _refresh_state(self, now: float, *, force: bool = False) -> bytes:
         fp = self._fingerprint()
@@ -318,7 +333,7 @@ class PeerCore(Node):
             or now - self._own_signed_at >= self.config.state_refresh_s
         ):
             self._seq += 1
-            st = self._state()
+            st = self._state(now)
             self._own_raw = self._encode(st, now)
             self._own_signed_at = now
             self._own_fingerprint = fp

@@ -275,11 +275,15 @@ class PeerState(Message):
     region: str
     leaving: bool
     ledger: dict[str, float]
+    #: seconds until 1, 2, ... of its slots are free at once (running shards
+    #: only; at most 64 entries, ascending). Lets a client rank peers for a
+    #: gang, which needs several slots together. Absent from older peers.
+    free_s: tuple[float, ...] = ()
 
     @classmethod
     def from_body(cls, body: list[Any]) -> "PeerState":
-        if len(body) != 16:
-            raise _bad("PeerState", "needs 16 fields")
+        if len(body) not in (16, 17):
+            raise _bad("PeerState", "needs 16 or 17 fields")
         thr = body[4]
         if type(thr) is not dict or len(thr) > 64:
             raise _bad("throughput", "not a small map")
@@ -303,25 +307,44 @@ class PeerState(Message):
             region=_str(body[13], "region", 64),
             leaving=_bool(body[14], "leaving"),
             ledger={_str(k, "ledger.tenant", 64): _float(v, "ledger", -1e12, 1e12) for k, v in ledger.items()},
+            free_s=_free_times(body[16]) if len(body) == 17 else (),
         )
+
+
+def _free_times(obj: Any) -> tuple[float, ...]:
+    out = tuple(_float(x, "free_s", 0, 1e9) for x in _list(obj, "free_s", 64))
+    if any(b < a for a, b in zip(out, out[1:])):
+        raise _bad("free_s", "not ascending")
+    return out
+
+
+MAX_GOSSIP_REPLY = 255  # entries a gossip reply may be asked for (one is the replier's own)
 
 
 @dataclass(frozen=True, slots=True)
 class Gossip(Message):
-    """Anti-entropy push: signed PeerState envelopes; ``reply`` asks for ours."""
+    """Anti-entropy push: signed PeerState envelopes; ``reply`` asks for ours.
+
+    ``want`` (optional, 0 = the replier's default) asks the reply to carry up
+    to that many entries: a client pulls a large slice of a peer's view at
+    once instead of assembling it from small pushes. Repliers cap it
+    (``MAX_GOSSIP_REPLY``).
+    """
 
     KIND: ClassVar[int] = 2
     SIGNED: ClassVar[bool] = False
     entries: tuple[bytes, ...]
     reply: bool
+    want: int = 0
 
     @classmethod
     def from_body(cls, body: list[Any]) -> "Gossip":
-        if len(body) != 2:
-            raise _bad("Gossip", "needs 2 fields")
+        if len(body) not in (2, 3):
+            raise _bad("Gossip", "needs 2 or 3 fields")
         return cls(
             tuple(_bytes(e, "entry", 16384) for e in _list(body[0], "entries", 256)),
             _bool(body[1], "reply"),
+            _int(body[2], "want", 0, MAX_GOSSIP_REPLY) if len(body) == 3 else 0,
         )
 
 
