@@ -23,6 +23,11 @@ window ``[start, start + window)``:
 * a deterministic ``--deadline-frac`` of the jobs (by a hash of the job id)
   get ``deadline_s = --deadline-factor x`` their run time alone (chains: all
   rounds back to back); Philly records no deadlines.
+
+``--copies K`` (weak scaling) overlays K copies of the window, each with its
+own tenants (``T~i``) and job ids (``J~i``), copy i shifted by ``i *
+--copy-offset`` seconds: K times the load for a swarm K times as large, with
+the same mix of jobs.
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+from dataclasses import replace
+
 from .workload import TraceJob, write_trace
 
-__all__ = ["convert_philly", "main"]
+__all__ = ["convert_philly", "replicate", "main"]
 
 
 def _frac(key: str) -> float:
@@ -107,6 +114,21 @@ def convert_philly(
     return out
 
 
+def replicate(jobs: list[TraceJob], copies: int, offset_s: float = 7.0) -> list[TraceJob]:
+    """``copies`` overlaid copies of a workload with distinct tenants and ids."""
+    if copies < 1:
+        raise ValueError("copies must be >= 1")
+    if copies == 1:
+        return list(jobs)
+    out = [
+        replace(j, job_id=f"{j.job_id}~{i}", tenant=f"{j.tenant}~{i}", arrival_s=round(j.arrival_s + i * offset_s, 3))
+        for i in range(copies)
+        for j in jobs
+    ]
+    out.sort(key=lambda j: (j.arrival_s, j.job_id))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m netsim.traces", description="Convert public traces to netsim CSV.")
     sub = ap.add_subparsers(dest="fmt", required=True)
@@ -127,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-factor", type=float, default=3.0)
     p.add_argument("--max-jobs", type=int, default=0)
     p.add_argument("--lam", type=float, default=0.0, help="every job's weight of joules against seconds")
+    p.add_argument("--copies", type=int, default=1, help="overlay this many copies with their own tenants (weak scaling)")
+    p.add_argument("--copy-offset", type=float, default=7.0, help="seconds between the copies' arrivals")
     a = ap.parse_args(argv)
     try:
         jobs = convert_philly(a.src, start=a.start, window_h=a.window_h, tenants=a.tenants,
@@ -134,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                               round_s=a.round_s, max_rounds=a.max_rounds, max_gpus=a.max_gpus,
                               min_duration_s=a.min_duration, deadline_frac=a.deadline_frac,
                               deadline_factor=a.deadline_factor, max_jobs=a.max_jobs, lam=a.lam)
+        jobs = replicate(jobs, a.copies, a.copy_offset)
     except (OSError, ValueError) as exc:
         print(f"netsim.traces: error: {exc}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
 
 from fedswarm.core.energy import DEADLINE_MARGIN, PowerModel, choose_level
 from netsim.compare import run_policy
-from netsim.traces import convert_philly
+from netsim.traces import convert_philly, replicate
 from netsim.workload import TraceJob, read_trace, write_trace
 
 from netsim_helpers import make_scenario
@@ -75,3 +75,15 @@ def test_philly_conversion(tmp_path):
     out = tmp_path / "t.csv"
     write_trace(out, jobs)
     assert read_trace(out) == sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
+
+
+def test_replicated_trace_keeps_the_mix_with_its_own_tenants(tmp_path):
+    base = [TraceJob("a", "t1", 0.0, 2, 1, 10.0), TraceJob("b", "t2", 5.0, 1, 8, 3.0, deadline_s=9.0, kind="chain")]
+    jobs = replicate(base, 3, offset_s=1.0)
+    assert len(jobs) == 6 and len({j.job_id for j in jobs}) == 6
+    assert {j.tenant for j in jobs} == {f"{t}~{i}" for t in ("t1", "t2") for i in range(3)}
+    assert sorted(j.arrival_s for j in jobs if j.tenant.startswith("t2")) == [5.0, 6.0, 7.0]
+    assert sum(j.shards * j.gpus_per_shard * j.duration_s for j in jobs) == 3 * (20.0 + 24.0)
+    out = tmp_path / "x.csv"
+    write_trace(out, jobs)
+    assert read_trace(out) == jobs
