@@ -30,6 +30,7 @@ from fedswarm.core.events import (
     Publish,
     RunShard,
     Send,
+    SetLevel,
     ShardDelivered,
     ShardFinished,
 )
@@ -66,7 +67,10 @@ class NodeRec:
     start_t: float = 0.0
     end_t: float | None = None
     fate: str = "live"  # live | crashed | left
-    running: dict[tuple, tuple] = field(default_factory=dict)  # key -> (gen, start, RunShard)
+    running: dict[tuple, tuple] = field(default_factory=dict)  # key -> (gen, segment start, RunShard)
+    # key -> (start of the run, joules of its earlier segments): a run whose
+    # level changed (SetLevel) is accounted segment by segment
+    segs: dict[tuple, tuple[float, float]] = field(default_factory=dict)
     busy_gpu_s: float = 0.0
     busy_energy_j: float = 0.0
     msgs: int = 0
@@ -459,6 +463,21 @@ class Simulator:
                 fin_t = self._finish_at(rec, self.now, e.run_s)
                 if fin_t < math.inf:  # a peer hung for good never finishes it
                     self._push(fin_t, FIN, rec, key, self.gen)
+            elif t is SetLevel:
+                key = (e.tenant, e.job_id, e.shard, e.attempt)
+                run = rec.running.get(key)
+                if run is None:
+                    continue
+                _, seg_start, old_e = run
+                first, acc = rec.segs.get(key, (seg_start, 0.0))
+                rec.segs[key] = (first, acc + self._segment(rec, seg_start, old_e))
+                # the work left, done at the new clock
+                left = max(old_e.run_s - (self.now - first), 0.0) * old_e.level / e.level
+                self.gen += 1
+                rec.running[key] = (self.gen, self.now, replace(old_e, level=e.level, run_s=e.run_s))
+                fin_t = self._finish_at(rec, self.now, left)
+                if fin_t < math.inf:
+                    self._push(fin_t, FIN, rec, key, self.gen)
             elif t is CancelShard:
                 r = rec.running.pop((e.tenant, e.job_id, e.shard, e.attempt), None)
                 if r is not None:
@@ -474,18 +493,26 @@ class Simulator:
             elif t is JobFinished:
                 self._job_finished(rec, e)
 
-    def _account(self, rec: NodeRec, run: tuple, *, completed: bool) -> float:
-        _, start, e = run
+    def _segment(self, rec: NodeRec, seg_start: float, e: RunShard) -> float:
+        """Charge the run's time since ``seg_start`` at its level; its joules."""
         gpus = max(e.gpus, 1)
-        elapsed = max(self.now - start, 0.0)
+        elapsed = max(self.now - seg_start, 0.0)
         assert rec.profile is not None
         energy = rec.profile.power.power(e.level) * elapsed * gpus
         rec.busy_gpu_s += elapsed * gpus
         rec.busy_energy_j += energy
+        return energy
+
+    def _account(self, rec: NodeRec, run: tuple, *, completed: bool) -> float:
+        """The run ends: charge its last segment; its total joules."""
+        _, seg_start, e = run
+        start, earlier = rec.segs.pop((e.tenant, e.job_id, e.shard, e.attempt), (seg_start, 0.0))
+        energy = earlier + self._segment(rec, seg_start, e)
+        gpus = max(e.gpus, 1)
         if completed:
             self.intervals.append((start, self.now, self.tenant_of.get(e.tenant, e.tenant), gpus))
         else:
-            self.wasted_gpu_s += elapsed * gpus
+            self.wasted_gpu_s += max(self.now - start, 0.0) * gpus
         return energy
 
     def _job_finished(self, rec: NodeRec, e: JobFinished) -> None:
@@ -616,11 +643,12 @@ class Simulator:
                     continue
                 del a.running[b]
                 e: RunShard = run[2]
+                began = a.segs.get(b, (run[1], 0.0))[0]
                 energy = self._account(a, run, completed=True)
                 # deterministic result bytes per (job, shard): replicas agree
                 res = f"{e.job_id}/{e.shard}".encode()
                 # the executor reports what it measured: longer than expected on a slowed/hung peer
-                run_s = e.run_s if not a.windows else t - run[1]
+                run_s = e.run_s if not a.windows else t - began
                 fin = ShardFinished(e.tenant, e.job_id, e.shard, e.attempt, True, res, run_s=run_s, energy_j=energy)
                 self._perform(a, a.core.handle(t, fin))
                 self._after(a)

@@ -9,6 +9,7 @@ with a network model, churn and workloads.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from fedswarm.core.events import (
     Publish,
     RunShard,
     Send,
+    SetLevel,
     ShardDelivered,
     ShardFinished,
 )
@@ -75,6 +77,7 @@ class MiniSwarm:
         self.delivered: list[ShardDelivered] = []
         self.finished: dict[str, JobFinished] = {}
         self.running: dict[tuple, int] = {}
+        self.runs: dict[tuple, tuple[float, RunShard]] = {}  # key -> (start, the run as last set)
         self.bytes_sent = 0
         self.msgs_sent = 0
         self.executions = 0  # shard runs that finished
@@ -115,7 +118,17 @@ class MiniSwarm:
             elif isinstance(e, RunShard):
                 key = (src, e.tenant, e.job_id, e.shard, e.attempt)
                 self.running[key] = self.running.get(key, 0) + 1
+                self.runs[key] = (self.now, e)
                 self._push(self.now + e.run_s * self.slow_ids.get(src, 1.0), ("fin", src, e, self.running[key]))
+            elif isinstance(e, SetLevel):
+                key = (src, e.tenant, e.job_id, e.shard, e.attempt)
+                run = self.runs.get(key)
+                if run is not None:  # the rest of the work at the new clock
+                    began, old = run
+                    left = max(old.run_s - (self.now - began), 0.0) * old.level / e.level
+                    self.runs[key] = (began, dataclasses.replace(old, level=e.level, run_s=e.run_s))
+                    self.running[key] = self.running.get(key, 0) + 1
+                    self._push(self.now + left * self.slow_ids.get(src, 1.0), ("fin", src, self.runs[key][1], self.running[key]))
             elif isinstance(e, CancelShard):
                 key = (src, e.tenant, e.job_id, e.shard, e.attempt)
                 self.running[key] = self.running.get(key, 0) + 1  # invalidates the pending finish

@@ -87,3 +87,17 @@ def test_replicated_trace_keeps_the_mix_with_its_own_tenants(tmp_path):
     out = tmp_path / "x.csv"
     write_trace(out, jobs)
     assert read_trace(out) == jobs
+
+
+def test_a_slowed_shard_is_sped_up_when_a_queue_forms_and_charged_per_segment():
+    sc = make_scenario(swarm=[{"profile": "datacenter-a100", "count": 1}], client={"verify": "none"}, max_time_s=600)
+    slow = TraceJob("slow", "a", 0.0, 1, 1, 30.0, lam=0.05)  # idle swarm: worth running at 0.6
+    burst = TraceJob("burst", "a", 10.0, 9, 1, 30.0)  # 9 more shards for 7 free slots: a queue
+    res = run_policy(sc, 1, "fedswarm", [slow, burst])
+    job = {j["job_id"]: j for j in res["jobs"]}["slow"]
+    pm = A100
+    assert job["finished"]
+    # faster than 30 s / 0.6 = 50 s, slower than 30 s at full clock
+    assert 30.0 < job["jct_s"] < 50.0
+    # charged at 0.6 up to the speed-up, at 1.0 after it: between the two pure runs
+    assert pm.power(0.6) * 50.0 < job["energy_j"] < pm.power(1.0) * 30.0

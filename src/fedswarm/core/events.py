@@ -29,6 +29,7 @@ __all__ = [
     "Publish",
     "RunShard",
     "CancelShard",
+    "SetLevel",
     "ShardDelivered",
     "JobFinished",
     "TOPIC_PEERS",
@@ -116,6 +117,21 @@ class RunShard(Effect):
     work_s: float
     gpus: int
     mem_bytes: int
+    level: float
+    run_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetLevel(Effect):
+    """Change the clock level of a running shard (speed up when a queue forms).
+
+    ``run_s`` is the new expected total run time from the shard's start.
+    """
+
+    tenant: str
+    job_id: str
+    shard: int
+    attempt: int
     level: float
     run_s: float
 

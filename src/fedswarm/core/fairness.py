@@ -14,13 +14,21 @@ Queue priority under policy ``rho`` is ``knob * log(rho / weight) -
 (1 - knob) * log(remaining)``: knob = 1 is pure finish-time fairness, knob = 0
 is shortest-remaining-first (efficiency). ``share`` orders by the tenant's
 ledger share over its weight (lowest first), ``fifo`` by arrival.
+
+Deadlines come first, under every policy: a shard whose deadline can still be
+met but whose slack (time left minus its run time) is down to
+``URGENT_SLACK`` run times is *urgent*; urgent shards run before all others,
+earliest deadline first. A deadline that can no longer be met gives no
+precedence (it would only delay others and still miss).
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["alone_time", "estimate_rho", "priority"]
+__all__ = ["alone_time", "estimate_rho", "priority", "URGENT_SLACK"]
+
+URGENT_SLACK = 2.0  # run times of slack below which a shard with a deadline jumps the queue
 
 
 def alone_time(work_s: float, shards: int, gpus: int, chain: bool, swarm_slots: float, tenants: int) -> float:
@@ -44,11 +52,19 @@ def priority(
     remaining_s: float,
     arrival: float,
     knob: float,
-) -> tuple[float, float]:
-    """Sort key: smaller runs first."""
+    deadline_left_s: float | None = None,
+    run_s: float = 0.0,
+) -> tuple[float, float, float]:
+    """Sort key: smaller runs first.
+
+    ``deadline_left_s``: seconds left to this shard's deadline (None: none);
+    ``run_s``: its run time here.
+    """
+    if deadline_left_s is not None and run_s <= deadline_left_s <= (1.0 + URGENT_SLACK) * run_s:
+        return (0.0, deadline_left_s, arrival)
     if policy == "fifo":
-        return (arrival, 0.0)
+        return (1.0, arrival, 0.0)
     if policy == "share":
-        return (share / weight, arrival)
+        return (1.0, share / weight, arrival)
     score = knob * math.log(max(rho / weight, 1e-12)) - (1.0 - knob) * math.log(max(remaining_s, 1e-9))
-    return (-score, arrival)
+    return (1.0, -score, arrival)

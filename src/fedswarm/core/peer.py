@@ -14,11 +14,15 @@ A peer does four things, all driven by ``handle(now, input)`` and
    serve (task kind, devices, memory, tenant policy, not leaving), it answers
    with a ``Bid``: the wait before the shards would start here given its
    fairness-ordered queue, the run time at the frequency level chosen by
-   ``core.energy.choose_level``, and the energy and carbon per shard.
+   ``core.energy.choose_level``, and the energy and carbon per shard. A
+   second of run time is priced at ``_time_weight``: dearer with a queue
+   behind the slot and on a busy swarm, so it slows down only when idle.
 3. **Leases.** An ``Award`` signed by the job's tenant and naming this peer
    puts the shard in the local queue (state ``queued``). The queue is ordered
    by ``core.fairness.priority``; when slots are free the head starts
-   (``RunShard``, state ``running``). Every ``renew_interval_s`` the peer
+   (``RunShard``, state ``running``). While shards wait, every running
+   shard below full clock is raised to it (``SetLevel``). Every
+   ``renew_interval_s`` the peer
    sends ``LeaseRenew``; the client answers ``LeaseAck``. A revoked lease
    (``ok=False``) or a ``Cancel`` from the tenant drops the shard
    (``CancelShard`` if it runs); a lease with no ack for ``lease_grace_s``
@@ -39,6 +43,7 @@ changes state, and an illegal move is a ``LocalProtocolError`` (a bug).
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from dataclasses import dataclass, field
@@ -57,6 +62,7 @@ from .events import (
     Publish,
     RunShard,
     Send,
+    SetLevel,
     ShardFinished,
 )
 from .fairness import alone_time, estimate_rho, priority
@@ -138,6 +144,7 @@ class _PrioContext:
     shares: dict[str, float]
     swarm_slots: float
     tenants: int
+    util: float = 0.0  # busy share of the swarm's slots, as the view reports them
 
 
 @dataclass(slots=True)
@@ -308,6 +315,10 @@ class PeerCore(Node):
             free_s=self._free_times(now),
         )
 
+    @property
+    def _queued(self) -> int:
+        return sum(1 for lease in self.leases.values() if lease.state == LeaseState.QUEUED)
+
     def _free_times(self, now: float) -> tuple[float, ...]:
         """Seconds until 1, 2, ... slots are free together (running shards only)."""
         n = min(self.config.slots, 64)
@@ -438,13 +449,45 @@ class PeerCore(Node):
     def _context(self, now: float) -> "_PrioContext":
         """What every priority computed at ``now`` shares (computed once)."""
         live = self.view.live(now)
-        slots = float(sum(e.state.slots for e in live)) or float(self.config.slots)
+        slots = 0.0
+        known = busy = 0  # slots whose occupancy the view reports, and how many of them are busy
+        for e in live:
+            st = e.state
+            slots += st.slots
+            if st.free_s and len(st.free_s) == min(st.slots, 64):
+                known += len(st.free_s)
+                busy += len(st.free_s) - bisect.bisect_right(st.free_s, 0.0)
         shares = self.ledger.shares(now)
         tenants = {k[0] for k in self.leases}
         tenants.update(t for t, v in shares.items() if v > 0.01)
-        return _PrioContext(now, shares, slots, max(len(tenants), 1))
+        util = busy / known if known else 0.0
+        return _PrioContext(now, shares, slots or float(self.config.slots), max(len(tenants), 1), util)
 
-    def _prio(self, job: JobSpec, tenant: str, ctx: "_PrioContext", ahead_s: float) -> tuple[float, float]:
+    def _time_weight(self, job: JobSpec, now: float) -> float:
+        """Price of a second of this shard's run time against ``lam`` joules.
+
+        Running slower delays the shards queued behind it on its slot (one
+        per ``slots`` queued), and on a busy swarm it holds a slot that the
+        next arrival may need: the delay cost of extra service time grows
+        like ``1 / (1 - utilisation)``. So a peer slows down on an idle swarm
+        and races when there is a queue or the swarm is busy.
+        """
+        util = min(self._context(now).util, 0.95)
+        return job.weight * (1.0 + self._queued / self.config.slots) / (1.0 - util)
+
+    def _deadline_left(self, job: JobSpec, shard: int, now: float) -> float | None:
+        """Seconds left to the deadline of one shard (a chain's deadline is
+        shared by the shards still to come)."""
+        if job.deadline_s is None:
+            return None
+        left = job.submitted_at + job.deadline_s - now
+        if job.chain:
+            left /= max(job.shards - shard, 1)
+        return left
+
+    def _prio(
+        self, job: JobSpec, tenant: str, ctx: "_PrioContext", ahead_s: float, shard: int = 0
+    ) -> tuple[float, float, float]:
         c = self.config
         t_alone = alone_time(job.work_s, job.shards, job.gpus, job.chain, ctx.swarm_slots, ctx.tenants)
         rho = estimate_rho(ctx.now - job.submitted_at, ahead_s, t_alone)
@@ -456,6 +499,8 @@ class PeerCore(Node):
             remaining_s=job.work_s,
             arrival=job.submitted_at,
             knob=c.fairness_knob,
+            deadline_left_s=self._deadline_left(job, shard, ctx.now),
+            run_s=job.work_s / self._speed(job.task),
         )
 
     def _remaining(self, lease: _Lease, now: float | None) -> float:
@@ -463,17 +508,17 @@ class PeerCore(Node):
             return max(lease.run_s - (now - lease.started_at), 0.0) * lease.job.gpus
         return lease.run_s * lease.job.gpus
 
-    def _wait_estimate(self, job: JobSpec, tenant: str, now: float) -> float:
+    def _wait_estimate(self, job: JobSpec, tenant: str, now: float, shard: int = 0) -> float:
         """Seconds before a new shard of ``job`` would start here."""
         ctx = self._context(now)
-        mine = self._prio(job, tenant, ctx, 0.0)
+        mine = self._prio(job, tenant, ctx, 0.0, shard)
         ahead = 0.0
         running: list[tuple[float, int]] = []  # (seconds left, slots held)
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
                 ahead += self._remaining(lease, now)
                 running.append((max(lease.run_s - (now - lease.started_at), 0.0), max(lease.job.gpus, 1)))
-            elif self._prio(lease.job, lease.tenant, ctx, 0.0) <= mine:
+            elif self._prio(lease.job, lease.tenant, ctx, 0.0, lease.key[2]) <= mine:
                 ahead += self._remaining(lease, now)
         wait = ahead / self.config.slots
         # a gang needs its slots free at the same time: the average says too
@@ -497,7 +542,7 @@ class PeerCore(Node):
         if why:
             self.stats[f"no_bid_{why}"] += 1
             return []
-        wait = self._wait_estimate(job, tenant, now)
+        wait = self._wait_estimate(job, tenant, now, min(cfb.shards))
         work = job.work_s / self._speed(job.task)
         deadline = None if job.deadline_s is None else job.submitted_at + job.deadline_s - now
         if deadline is not None and job.chain:
@@ -510,7 +555,7 @@ class PeerCore(Node):
             deadline_s=deadline,
             lam=job.lam,
             carbon_g_kwh=self.config.carbon_g_kwh,
-            time_weight=job.weight,
+            time_weight=self._time_weight(job, now),
             race_to_idle=self.config.race_to_idle,
         )
         gpus = max(job.gpus, 1)
@@ -578,7 +623,7 @@ class PeerCore(Node):
         ctx = self._context(now)
         queued = sorted(
             (lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED),
-            key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s), lease.key),
+            key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s, lease.key[2]), lease.key),
         )
         ahead = busy
         for lease in self.leases.values():
@@ -655,18 +700,47 @@ class PeerCore(Node):
             return [CancelShard(t, j, s, a)]
         return []
 
+    def _speed_up(self, now: float) -> list[Effect]:
+        """Raise every running shard below the top allowed level to it.
+
+        A level below the top was chosen while the slot had no queue behind
+        it (``_time_weight``); once shards wait, the time it costs them
+        outweighs the energy saved. The remaining work is done at the new
+        clock, and the lease's ETA (what renewals report) follows.
+        """
+        top = self.config.power.allowed_levels()[-1]
+        out: list[Effect] = []
+        for lease in self.leases.values():
+            if lease.state != LeaseState.RUNNING or lease.level >= top:
+                continue
+            done = min(max(now - lease.started_at, 0.0), lease.run_s)
+            left = (lease.run_s - done) * lease.level / top
+            if lease.tenant in self._tenant_load:
+                self._tenant_load[lease.tenant] -= (lease.run_s - done - left) * max(lease.job.gpus, 1)
+            lease.run_s = done + left
+            lease.level = top
+            t, j, s, a = lease.key
+            self.stats["levels_raised"] += 1
+            out.append(SetLevel(t, j, s, a, top, lease.run_s))
+        return out
+
     def _schedule(self, now: float) -> list[Effect]:
         free = self.config.slots - self._busy_slots
         queued = [lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED]
-        if free <= 0 or not queued:
+        if not queued:
             return []
+        if free <= 0:
+            return self._speed_up(now)
         ctx = self._context(now)
-        queued.sort(key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s), lease.key))
+        queued.sort(key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s, lease.key[2]), lease.key))
         out: list[Effect] = []
         for lease in queued:
             need = max(lease.job.gpus, 1)
             if need > free:
-                break  # head-of-line: a gang shard is not starved by smaller ones
+                # head-of-line: a gang shard is not starved by smaller ones;
+                # whatever runs slowed down now holds up a queue: full speed
+                out.extend(self._speed_up(now))
+                break
             self._move(lease, "start")
             lease.started_at = now
             free -= need
