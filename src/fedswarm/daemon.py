@@ -18,12 +18,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import trio
 
-from .core.events import RunShard, ShardFinished
+from .core.events import RunShard, SetLevel, ShardFinished
 from .core.identity import Identity, load_or_create_key
 from .core.peer import PeerCore
 from .core.wire import unpack_params
@@ -52,18 +52,49 @@ class PeerOptions:
 
 
 class ExecutorRunner:
-    """Runs ``RunShard`` effects on a ``ShardExecutor`` (torch, off the loop)."""
+    """Runs ``RunShard`` effects on a ``ShardExecutor`` (torch, off the loop).
 
-    def __init__(self, executor: Any, core: PeerCore) -> None:
+    Clock levels: the device runs at the highest level any running shard
+    asks for (``SetLevel`` raises one mid-run); the executor applies it
+    through NVML where it may. Energy is the executor's measurement if it
+    has one (NVML), else the power model at each level for the time spent
+    at it.
+    """
+
+    def __init__(self, executor: Any, core: PeerCore, clock: Callable[[], float] = time.monotonic) -> None:
         self.executor = executor
         self.core = core
+        self.clock = clock
+        #: running shard -> [level, since, joules so far at earlier levels]
+        self._levels: dict[tuple[str, str, int, int], list[float]] = {}
+
+    def _apply(self) -> None:
+        want = max((v[0] for v in self._levels.values()), default=1.0)
+        if want != getattr(self.executor, "level", 1.0):
+            self.executor.set_level(want)
+
+    def set_level(self, eff: SetLevel) -> None:
+        cur = self._levels.get((eff.tenant, eff.job_id, eff.shard, eff.attempt))
+        if cur is None:
+            return
+        now = self.clock()
+        cur[2] += self.core.config.power.power(cur[0]) * (now - cur[1])
+        cur[0], cur[1] = eff.level, now
+        self._apply()
 
     async def run_shard(self, eff: RunShard) -> ShardFinished:
         params = unpack_params(eff.params)  # strict limits; never pickle
-        res = await self.executor.run(eff.task, params, eff.shard)
+        key = (eff.tenant, eff.job_id, eff.shard, eff.attempt)
+        self._levels[key] = [eff.level, self.clock(), 0.0]
+        self._apply()
+        try:
+            res = await self.executor.run(eff.task, params, eff.shard)
+        finally:
+            level, since, earlier = self._levels.pop(key)
+            self._apply()
         energy = res.energy_joules
         if energy is None:
-            energy = self.core.config.power.power(eff.level) * res.wall_seconds
+            energy = earlier + self.core.config.power.power(level) * max(self.clock() - since, 0.0)
         thr = self.executor.throughput().get(eff.task)
         if thr:
             self.core.set_throughput(eff.task, thr)
@@ -119,7 +150,9 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
             federations=frozenset(opts.federations),
         )
         core = PeerCore(identity, config, random.Random())
-        executor = ShardExecutor(slots=config.slots, power_model=config.power.max_w)
+        # no constant power model: without NVML the runner charges the
+        # profile's power curve at each shard's clock level
+        executor = ShardExecutor(slots=config.slots)
         agent = Agent(core, transport, runner=ExecutorRunner(executor, core))
         serving = None
         # signals are caught before readiness is announced: a SIGTERM right

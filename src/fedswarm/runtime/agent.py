@@ -35,6 +35,7 @@ from ..core.events import (
     Publish,
     RunShard,
     Send,
+    SetLevel,
     ShardDelivered,
     ShardFinished,
 )
@@ -221,6 +222,10 @@ class Agent:
                 scope = self._running.pop((e.tenant, e.job_id, e.shard, e.attempt), None)
                 if scope is not None:
                     scope.cancel()
+            elif isinstance(e, SetLevel):
+                set_level = getattr(self.runner, "set_level", None)
+                if set_level is not None:
+                    set_level(e)
             elif self.on_effect is not None:
                 self.on_effect(e)
         self._wake.set()

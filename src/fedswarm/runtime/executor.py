@@ -26,6 +26,13 @@ includes whatever else ran on that GPU meanwhile, e.g. concurrent shards when
 ``slots > 1``. Otherwise a ``power_model``: constant watts, or a callable
 ``(device, wall_seconds) -> joules``. Otherwise ``None``.
 
+Clock levels: ``set_level(f)`` applies a relative clock ``f`` in (0, 1] to
+the GPU through NVML (locked graphics clocks at ``f`` times the maximum),
+which needs administrator rights; without them, without NVML, or on CPU it
+applies nothing and returns False, and the level stays a modelled one (the
+peer charges ``PowerModel.power(level)`` per second of run time). ``f = 1``
+releases the lock.
+
 Throughput: per task kind, an exponential moving average of
 ``estimate.ref_seconds / wall_seconds``, i.e. this peer's speed in reference
 GPU-equivalents (see ``fedswarm.tasks.registry.REF_FLOPS``).
@@ -194,6 +201,30 @@ class ShardExecutor:
         except Exception:  # not installed, no driver, ...
             log.info("NVML unavailable; energy comes from the power model", exc_info=True)
             return None
+
+    def set_level(self, level: float) -> bool:
+        """Lock the GPU's graphics clock at ``level`` x its maximum; True if applied."""
+        if self._nvml is None or self._clock_denied:
+            return False
+        if not 0 < level <= 1:
+            raise ValueError("level must be in (0, 1]")
+        pynvml, h = self._nvml
+        try:
+            if level >= 1.0:
+                pynvml.nvmlDeviceResetGpuLockedClocks(h)
+            else:
+                top = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_GRAPHICS)
+                mhz = max(int(top * level), 1)
+                pynvml.nvmlDeviceSetGpuLockedClocks(h, mhz, mhz)
+        except Exception as exc:  # no permission, unsupported GPU: modelled from now on
+            self._clock_denied = True
+            log.info("cannot set GPU clocks (%r); clock levels are modelled", exc)
+            return False
+        self.level = level
+        return True
+
+    _clock_denied = False
+    level = 1.0  # the clock level last applied
 
     def _energy_mark(self) -> tuple[str, float] | None:
         if self._nvml is None:
