@@ -7,6 +7,8 @@ import random
 
 from fedswarm.core.client import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
+from fedswarm.core.energy import PowerModel
+from fedswarm.core.fairness import priority
 from fedswarm.core.view import ViewEntry
 from fedswarm.core.wire import JobSpec
 from helpers import MiniSwarm, ident
@@ -63,3 +65,56 @@ def test_gang_ranking_uses_when_slots_free_together() -> None:
     single = dataclasses.replace(gang, gpus=1)
     assert c._pick(gang, [a, b], 1, now) == ["B"]
     assert c._pick(single, [a, b], 1, now) == ["A"]
+    # a shard with a deadline jumps queues when it is urgent: what counts is
+    # when a slot frees, not the queue's length
+    queue = _entry("C", base, backlog_s=100.0, free_s=(1.0,) + (300.0,) * 7)
+    busy = _entry("D", base, backlog_s=20.0, free_s=(30.0,) * 8)
+    assert c._pick(single, [queue, busy], 1, now) == ["D"]
+    assert c._pick(dataclasses.replace(single, deadline_s=30.0), [queue, busy], 1, now) == ["C"]
+
+
+A100 = PowerModel(idle_w=60.0, max_w=400.0, alpha=2.5, levels=(0.6, 1.0))
+
+
+def _levels(s: MiniSwarm, job_id: str) -> set[float]:
+    (peer,) = s.peers.values()
+    return {lease.level for key, lease in peer.leases.items() if key[1] == job_id}
+
+
+def test_priced_energy_slows_down_when_idle_and_races_behind_a_queue() -> None:
+    s = MiniSwarm(1, seed=2, peer_config=lambda i: PeerConfig(slots=1, power=A100), client_config=ClientConfig(verify="none"))
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    # idle peer: the slower level costs this shard 6.7 s and saves 1.4 kJ, worth it at lam = 0.01
+    t0 = s.now
+    first, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, lam=0.01))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 3)
+    assert _levels(s, first) == {0.6}
+    # three shards queued on the one slot: running slower would delay each of
+    # them too, so the running shard is raised to full clock ...
+    busy, eff = c.submit(s.now, JobRequest("sim", 3, work_s=10.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 3)
+    (peer,) = s.peers.values()
+    assert _levels(s, first) == {1.0} and peer.stats["levels_raised"] == 1
+    s.step_until(s.now + 60, stop=lambda: first in s.finished)
+    # ... and finishes its remaining work at that clock: 3 s at 0.6 then
+    # 8.2 s at 1.0, instead of 16.7 s at 0.6
+    assert s.finished[first].ok and s.now - t0 < 13.0
+    # ... and a new priced shard behind the queue is not slowed down
+    late, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, lam=0.01))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 3)
+    assert _levels(s, late) == {1.0}
+
+
+def test_urgent_deadlines_jump_the_queue_and_hopeless_ones_do_not() -> None:
+    common = dict(policy="rho", weight=1.0, share=0.0, remaining_s=10.0, arrival=0.0, knob=1.0)
+    starving = priority(rho=50.0, **common)
+    urgent = priority(rho=1.0, deadline_left_s=25.0, run_s=10.0, **common)
+    relaxed = priority(rho=1.0, deadline_left_s=100.0, run_s=10.0, **common)
+    hopeless = priority(rho=1.0, deadline_left_s=5.0, run_s=10.0, **common)
+    assert urgent < starving < relaxed
+    assert hopeless == relaxed == priority(rho=1.0, **common)
+    assert priority(rho=1.0, deadline_left_s=12.0, run_s=10.0, **common) < urgent  # earliest deadline first

@@ -445,9 +445,15 @@ class ClientCore(Node):
         st = e.state
         age = max(now - e.issued_at, 0.0)
         backlog = st.backlog_s
-        if spec.gpus > 1 and len(st.free_s) >= spec.gpus:
-            # a gang waits for its slots to be free together, not for the average
-            backlog = max(backlog, st.free_s[spec.gpus - 1])
+        g = max(spec.gpus, 1)
+        if len(st.free_s) >= g:
+            if spec.deadline_s is not None:
+                # a shard close to its deadline jumps the peer's queue
+                # (fairness.URGENT_SLACK): it waits for running shards only
+                backlog = st.free_s[g - 1]
+            elif g > 1:
+                # a gang waits for its slots to be free together, not for the average
+                backlog = max(backlog, st.free_s[g - 1])
         backlog = max(backlog - age, 0.0)
         pend = self._pending.get(e.peer)
         if pend is not None:
