@@ -109,12 +109,12 @@ def test_priced_energy_slows_down_when_idle_and_races_behind_a_queue() -> None:
     assert _levels(s, late) == {1.0}
 
 
-def test_urgent_deadlines_jump_the_queue_and_hopeless_ones_do_not() -> None:
+def test_urgent_deadlines_jump_the_queue_earliest_first() -> None:
     common = dict(policy="rho", weight=1.0, share=0.0, remaining_s=10.0, arrival=0.0, knob=1.0)
     starving = priority(rho=50.0, **common)
     urgent = priority(rho=1.0, deadline_left_s=25.0, run_s=10.0, **common)
     relaxed = priority(rho=1.0, deadline_left_s=100.0, run_s=10.0, **common)
-    hopeless = priority(rho=1.0, deadline_left_s=5.0, run_s=10.0, **common)
-    assert urgent < starving < relaxed
-    assert hopeless == relaxed == priority(rho=1.0, **common)
+    missed = priority(rho=1.0, deadline_left_s=5.0, run_s=10.0, **common)
+    assert urgent < starving < relaxed == priority(rho=1.0, **common)
     assert priority(rho=1.0, deadline_left_s=12.0, run_s=10.0, **common) < urgent  # earliest deadline first
+    assert missed < urgent  # a shard that will miss is not starved behind later urgent ones

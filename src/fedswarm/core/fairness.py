@@ -15,11 +15,12 @@ Queue priority under policy ``rho`` is ``knob * log(rho / weight) -
 is shortest-remaining-first (efficiency). ``share`` orders by the tenant's
 ledger share over its weight (lowest first), ``fifo`` by arrival.
 
-Deadlines come first, under every policy: a shard whose deadline can still be
-met but whose slack (time left minus its run time) is down to
-``URGENT_SLACK`` run times is *urgent*; urgent shards run before all others,
-earliest deadline first. A deadline that can no longer be met gives no
-precedence (it would only delay others and still miss).
+Deadlines come first, under every policy: a shard whose slack (time left to
+its deadline minus its run time) is down to ``URGENT_SLACK`` run times is
+*urgent*; urgent shards run before all others, earliest deadline first. A
+shard that can no longer meet its deadline keeps its place (its deadline is
+the earliest): dropping it back among the rest let a stream of urgent
+shards starve it, e.g. a 2.2 s job waiting 270 s on a busy 8-GPU peer.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def priority(
     ``deadline_left_s``: seconds left to this shard's deadline (None: none);
     ``run_s``: its run time here.
     """
-    if deadline_left_s is not None and run_s <= deadline_left_s <= (1.0 + URGENT_SLACK) * run_s:
+    if deadline_left_s is not None and deadline_left_s <= (1.0 + URGENT_SLACK) * run_s:
         return (0.0, deadline_left_s, arrival)
     if policy == "fifo":
         return (1.0, arrival, 0.0)
