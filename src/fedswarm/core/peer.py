@@ -463,7 +463,7 @@ class PeerCore(Node):
         util = busy / known if known else 0.0
         return _PrioContext(now, shares, slots or float(self.config.slots), max(len(tenants), 1), util)
 
-    def _time_weight(self, job: JobSpec, now: float) -> float:
+    def _time_weight(self, job: JobSpec, ctx: "_PrioContext") -> float:
         """Price of a second of this shard's run time against ``lam`` joules.
 
         Running slower delays the shards queued behind it on its slot (one
@@ -472,7 +472,7 @@ class PeerCore(Node):
         like ``1 / (1 - utilisation)``. So a peer slows down on an idle swarm
         and races when there is a queue or the swarm is busy.
         """
-        util = min(self._context(now).util, 0.95)
+        util = min(ctx.util, 0.95)
         return job.weight * (1.0 + self._queued / self.config.slots) / (1.0 - util)
 
     def _deadline_left(self, job: JobSpec, shard: int, now: float) -> float | None:
@@ -508,9 +508,9 @@ class PeerCore(Node):
             return max(lease.run_s - (now - lease.started_at), 0.0) * lease.job.gpus
         return lease.run_s * lease.job.gpus
 
-    def _wait_estimate(self, job: JobSpec, tenant: str, now: float, shard: int = 0) -> float:
+    def _wait_estimate(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int = 0) -> float:
         """Seconds before a new shard of ``job`` would start here."""
-        ctx = self._context(now)
+        now = ctx.now
         mine = self._prio(job, tenant, ctx, 0.0, shard)
         ahead = 0.0
         running: list[tuple[float, int]] = []  # (seconds left, slots held)
@@ -542,7 +542,8 @@ class PeerCore(Node):
         if why:
             self.stats[f"no_bid_{why}"] += 1
             return []
-        wait = self._wait_estimate(job, tenant, now, min(cfb.shards))
+        ctx = self._context(now)  # one scan of the view serves the wait and the price of time
+        wait = self._wait_estimate(job, tenant, ctx, min(cfb.shards))
         work = job.work_s / self._speed(job.task)
         deadline = None if job.deadline_s is None else job.submitted_at + job.deadline_s - now
         if deadline is not None and job.chain:
@@ -555,7 +556,7 @@ class PeerCore(Node):
             deadline_s=deadline,
             lam=job.lam,
             carbon_g_kwh=self.config.carbon_g_kwh,
-            time_weight=self._time_weight(job, now),
+            time_weight=self._time_weight(job, ctx),
             race_to_idle=self.config.race_to_idle,
         )
         gpus = max(job.gpus, 1)
