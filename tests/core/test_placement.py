@@ -118,3 +118,18 @@ def test_urgent_deadlines_jump_the_queue_earliest_first() -> None:
     assert urgent < starving < relaxed == priority(rho=1.0, **common)
     assert priority(rho=1.0, deadline_left_s=12.0, run_s=10.0, **common) < urgent  # earliest deadline first
     assert missed < urgent  # a shard that will miss is not starved behind later urgent ones
+
+
+def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
+    # a peer that left never sends the newer state that clears its entry
+    s = MiniSwarm(4, seed=9, client_config=ClientConfig(verify="none", max_view=64))
+    s.step_until(s.now + 30)
+    c = s.add_client()
+    s.step_until(s.now + 10)
+    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, 5.0) for i in range(100)})
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=50.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 3)
+    assert len(c._pending) <= 51
+    assert any(not p.startswith("gone-") for p in c._pending)  # the fresh award is kept
+    assert "gone-0" not in c._pending and "gone-99" in c._pending  # the oldest go first

@@ -544,6 +544,11 @@ class ClientCore(Node):
             pend = self._pending.get(peer)
             extra = bid.run_s / max(bid.slots, 1)
             self._pending[peer] = (now, extra + (pend[1] if pend is not None else 0.0))
+            if len(self._pending) > self.config.max_view:
+                # peers that left never get a newer state to clear their
+                # entry: keep the most recent half
+                keep = sorted(self._pending.items(), key=lambda kv: (kv[1][0], kv[0]))[len(self._pending) // 2 :]
+                self._pending = dict(keep)
             self._move(sh, "award")
             sh.peer = peer
             sh.holders[sh.attempt] = peer
