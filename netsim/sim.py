@@ -471,8 +471,8 @@ class Simulator:
                 _, seg_start, old_e = run
                 first, acc = rec.segs.get(key, (seg_start, 0.0))
                 rec.segs[key] = (first, acc + self._segment(rec, seg_start, old_e))
-                # the work left, done at the new clock
-                left = max(old_e.run_s - (self.now - first), 0.0) * old_e.level / e.level
+                # the core's new run time counts from the run's start
+                left = max(e.run_s - (self.now - first), 0.0)
                 self.gen += 1
                 rec.running[key] = (self.gen, self.now, replace(old_e, level=e.level, run_s=e.run_s))
                 fin_t = self._finish_at(rec, self.now, left)

@@ -123,9 +123,9 @@ class MiniSwarm:
             elif isinstance(e, SetLevel):
                 key = (src, e.tenant, e.job_id, e.shard, e.attempt)
                 run = self.runs.get(key)
-                if run is not None:  # the rest of the work at the new clock
+                if run is not None:  # the new run time counts from the run's start
                     began, old = run
-                    left = max(old.run_s - (self.now - began), 0.0) * old.level / e.level
+                    left = max(e.run_s - (self.now - began), 0.0)
                     self.runs[key] = (began, dataclasses.replace(old, level=e.level, run_s=e.run_s))
                     self.running[key] = self.running.get(key, 0) + 1
                     self._push(self.now + left * self.slow_ids.get(src, 1.0), ("fin", src, self.runs[key][1], self.running[key]))
