@@ -70,28 +70,30 @@ def _add_faults_parser(sub) -> None:
     f.add_argument("--profiles", help="directory of peer profiles (default: nearest peers/ above the scenarios)")
 
 
+def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, policies: str | None = None) -> None:
+    """The arguments ``run`` and ``compare`` share (``--policies`` for compare)."""
+    p.add_argument("scenario", help="scenario TOML file")
+    if policies is not None:
+        p.add_argument("--policies", default="fedswarm,centralized,fifo,random,sparrow", help=policies)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help=out)
+    p.add_argument("--trace", help="CSV trace replacing the scenario's workload")
+    p.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
+    p.add_argument("--profiles", help=profiles)
+    p.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="netsim", description="Simulate a fedswarm swarm in virtual time.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a scenario")
-    r.add_argument("scenario", help="scenario TOML file")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", help="results JSON path (default: print nothing but the summary)")
-    r.add_argument("--trace", help="CSV trace replacing the scenario's workload")
-    r.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
-    r.add_argument("--profiles", help="directory of peer profiles (default: nearest peers/ above the scenario)")
-    r.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
+    _add_scenario_args(r, out="results JSON path (default: print nothing but the summary)",
+                       profiles="directory of peer profiles (default: nearest peers/ above the scenario)")
     r.add_argument("--plot", help="write a PNG of shares over time and the rho CDF (needs matplotlib)")
     c = sub.add_parser("compare", help="run fedswarm and baseline schedulers on the same workload and swarm")
-    c.add_argument("scenario", help="scenario TOML file")
-    c.add_argument("--policies", default="fedswarm,centralized,fifo,random,sparrow",
-                   help="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--out", help="results JSON path; plot data (CSV, PNG with matplotlib) goes next to it")
-    c.add_argument("--trace", help="CSV trace replacing the scenario's workload")
-    c.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
-    c.add_argument("--profiles", help="directory of peer profiles")
-    c.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
+    _add_scenario_args(c, out="results JSON path; plot data (CSV, PNG with matplotlib) goes next to it",
+                       profiles="directory of peer profiles",
+                       policies="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow")
     _add_faults_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "compare":
