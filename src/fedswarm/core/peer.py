@@ -69,6 +69,7 @@ from .fairness import alone_time, estimate_rho, priority
 from .identity import Identity
 from .membership import check_membership
 from .node import Node
+from .slots import start_after
 from .wire import (
     Accusation,
     Award,
@@ -509,28 +510,23 @@ class PeerCore(Node):
         return lease.run_s * lease.job.gpus
 
     def _wait_estimate(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int = 0) -> float:
-        """Seconds before a new shard of ``job`` would start here."""
+        """Seconds before a new shard of ``job`` would start here: the queue
+        replayed on the slots (``core.slots``), the shards that outrank it
+        first."""
         now = ctx.now
         mine = self._prio(job, tenant, ctx, 0.0, shard)
-        ahead = 0.0
-        running: list[tuple[float, int]] = []  # (seconds left, slots held)
+        free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
+        ahead: list[tuple[tuple[float, float, float], LeaseKey, float, int]] = []
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
-                ahead += self._remaining(lease, now)
-                running.append((max(lease.run_s - (now - lease.started_at), 0.0), max(lease.job.gpus, 1)))
-            elif self._prio(lease.job, lease.tenant, ctx, 0.0, lease.key[2]) <= mine:
-                ahead += self._remaining(lease, now)
-        wait = ahead / self.config.slots
-        # a gang needs its slots free at the same time: the average says too
-        # little when one long shard holds a slot the gang needs
-        need = max(job.gpus, 1) - (self.config.slots - self._busy_slots)
-        if need > 0:
-            for left, held in sorted(running):
-                need -= held
-                if need <= 0:
-                    wait = max(wait, left)
-                    break
-        return wait
+                left = max(lease.run_s - (now - lease.started_at), 0.0)
+                free.extend([left] * max(lease.job.gpus, 1))
+            else:
+                p = self._prio(lease.job, lease.tenant, ctx, 0.0, lease.key[2])
+                if p <= mine:
+                    ahead.append((p, lease.key, lease.run_s, max(lease.job.gpus, 1)))
+        ahead.sort(key=lambda a: (a[0], a[1]))
+        return start_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1))
 
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
         job, tenant = self._job_from(cfb.job, now)

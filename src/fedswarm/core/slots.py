@@ -1,0 +1,80 @@
+"""When a shard could start on a peer: list scheduling over its slots.
+
+A peer runs its queue in priority order without backfilling (a gang at the
+head waits for its slots rather than being overtaken; ``PeerCore._schedule``).
+So the start of a new shard is found by replaying that order on the times at
+which each slot frees: every shard ahead takes the earliest slots it needs,
+then the new shard does.
+
+An average of the work per slot (what ``PeerState.backlog_s`` says) is a
+poor stand-in: a peer with one long shard on one of its 8 slots would say a
+new single-GPU shard waits an eighth of that shard, although it starts at
+once. Bids and client estimates built on the average steer single shards to
+idle peers and spread them over every multi-GPU peer, leaving no peer whose
+slots free together when a gang arrives.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+__all__ = ["start_after", "fill"]
+
+_MAX_REPLAY = 256  # shards ahead replayed one by one; the rest are spread evenly
+
+
+def start_after(free: Sequence[float], ahead: Iterable[tuple[float, int]], gpus: int) -> float:
+    """Seconds until ``gpus`` slots are free together for a new shard.
+
+    ``free``: seconds until each slot frees (one entry per slot, 0 = free);
+    ``ahead``: (run seconds, slots held) of the shards that start first, in
+    the order they start. A shard that holds more slots than there are is
+    given all of them.
+    """
+    n = len(free)
+    if n == 0:
+        return 0.0
+    t = sorted(max(x, 0.0) for x in free)
+    spread = 0.0
+    for i, (run_s, held) in enumerate(ahead):
+        if i >= _MAX_REPLAY:
+            spread += run_s * min(max(held, 1), n)
+            continue
+        g = min(max(held, 1), n)
+        if g == 1:
+            start = heapq.heappop(t)  # t stays a heap: smallest first
+            heapq.heappush(t, start + run_s)
+            continue
+        t.sort()
+        start = t[g - 1]
+        for k in range(g):
+            t[k] = start + run_s
+        heapq.heapify(t)
+    if spread:
+        t = fill(t, spread)
+    t.sort()
+    return t[min(max(gpus, 1), n) - 1]
+
+
+def fill(free: Sequence[float], work: float) -> list[float]:
+    """Slot free times after ``work`` slot-seconds are poured onto the
+    earliest slots (water-filling): how queued work of unknown shape, known
+    only as a total, delays the slots."""
+    t = sorted(max(x, 0.0) for x in free)
+    if work <= 0 or not t:
+        return t
+    n = len(t)
+    left = work
+    k = 1
+    level = t[0]
+    while True:
+        nxt = t[k] if k < n else float("inf")
+        room = (nxt - level) * k
+        if left <= room:
+            level += left / k
+            break
+        left -= room
+        level = nxt
+        k += 1
+    return [max(x, level) for x in t]

@@ -1,0 +1,58 @@
+"""List scheduling over a peer's slots (core.slots): what bids and client
+estimates say about when a shard starts."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fedswarm.core.slots import fill, start_after
+
+times = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
+slots = st.lists(times, min_size=1, max_size=16)
+shards = st.lists(st.tuples(st.floats(min_value=0.0, max_value=1e3, allow_nan=False), st.integers(1, 20)), max_size=40)
+
+
+def test_a_free_slot_starts_a_single_shard_at_once() -> None:
+    # one long shard on one of 8 slots: the average (500 / 8) is no wait at all
+    assert start_after([0.0] * 7 + [500.0], [], 1) == 0.0
+    # a gang of 8 waits for that shard
+    assert start_after([0.0] * 7 + [500.0], [], 8) == 500.0
+
+
+def test_shards_ahead_take_the_earliest_slots_in_order() -> None:
+    # 2 slots free at 0 and 10; ahead: a 2-slot gang of 5 s, then a 30 s single
+    free = [0.0, 10.0]
+    assert start_after(free, [(5.0, 2)], 1) == 15.0
+    assert start_after(free, [(5.0, 2), (30.0, 1)], 1) == 15.0
+    assert start_after(free, [(5.0, 2), (30.0, 1)], 2) == 45.0
+    # no backfilling past a gang: the single waits behind it
+    assert start_after([0.0, 100.0], [(1.0, 2)], 1) == 101.0
+
+
+def test_fill_pours_work_onto_the_earliest_slots() -> None:
+    assert fill([0.0, 10.0, 40.0], 30.0) == [20.0, 20.0, 40.0]
+    assert fill([0.0, 10.0], 0.0) == [0.0, 10.0]
+    assert fill([5.0, 5.0], 10.0) == [10.0, 10.0]
+
+
+@given(slots, shards, st.integers(1, 20))
+def test_start_is_bounded_by_the_work_ahead(free: list[float], ahead: list[tuple[float, int]], g: int) -> None:
+    t = start_after(free, ahead, g)
+    n = len(free)
+    lo = sorted(free)[min(g, n) - 1]
+    # never before its slots free; never later than running everything ahead back to back
+    assert t >= lo - 1e-6
+    assert t <= max(free) + sum(r for r, _ in ahead) + 1e-6
+    # more work ahead never makes it start sooner
+    assert start_after(free, [*ahead, (1.0, 1)], g) >= t - 1e-6
+
+
+@given(slots, st.floats(min_value=0.0, max_value=1e5, allow_nan=False))
+def test_fill_conserves_work(free: list[float], work: float) -> None:
+    out = fill(free, work)
+    added = sum(out) - sum(free)
+    assert math.isclose(added, work, rel_tol=1e-6, abs_tol=1e-6)
+    assert all(a >= b - 1e-9 for a, b in zip(out, sorted(free)))
