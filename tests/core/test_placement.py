@@ -57,7 +57,7 @@ def test_gang_ranking_uses_when_slots_free_together() -> None:
     assert base is not None
     # A: low average backlog but one slot busy for 500 s; B: busier on
     # average, yet all 8 slots free within 60 s
-    a = _entry("A", base, backlog_s=40.0, free_s=(0.0,) * 7 + (500.0,))
+    a = _entry("A", base, backlog_s=62.5, free_s=(0.0,) * 7 + (500.0,))
     b = _entry("B", base, backlog_s=60.0, free_s=(50.0,) * 4 + (60.0,) * 4)
     c = ClientCore(ident(99), ClientConfig(explore_ratio=0.0), random.Random(1))
     now = base.issued_at
@@ -67,8 +67,8 @@ def test_gang_ranking_uses_when_slots_free_together() -> None:
     assert c._pick(single, [a, b], 1, now) == ["A"]
     # a shard with a deadline jumps queues when it is urgent: what counts is
     # when a slot frees, not the queue's length
-    queue = _entry("C", base, backlog_s=100.0, free_s=(1.0,) + (300.0,) * 7)
-    busy = _entry("D", base, backlog_s=20.0, free_s=(30.0,) * 8)
+    queue = _entry("C", base, backlog_s=400.0, free_s=(1.0,) + (300.0,) * 7)
+    busy = _entry("D", base, backlog_s=30.0, free_s=(30.0,) * 8)
     assert c._pick(single, [queue, busy], 1, now) == ["D"]
     assert c._pick(dataclasses.replace(single, deadline_s=30.0), [queue, busy], 1, now) == ["C"]
 
@@ -126,10 +126,43 @@ def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
     s.step_until(s.now + 30)
     c = s.add_client()
     s.step_until(s.now + 10)
-    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, 5.0) for i in range(100)})
+    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1)]) for i in range(100)})
     jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=50.0))
     s._perform(c.id, eff)
     s.step_until(s.now + 3)
     assert len(c._pending) <= 51
     assert any(not p.startswith("gone-") for p in c._pending)  # the fresh award is kept
     assert "gone-0" not in c._pending and "gone-99" in c._pending  # the oldest go first
+
+
+def _stale_view_run(max_rebids: int) -> tuple[float, int]:
+    """Client A's view says all 4 single-slot peers are free, the 2 fast ones
+    first; meanwhile client B fills both fast ones with 100 s shards. A then
+    submits a short shard and invites the one peer its view ranks first."""
+    s = MiniSwarm(4, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i < 2 else 1.0}),
+                  client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 30)
+    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=30.0, max_rebids=max_rebids)
+    b = s.add_client(2)
+    s.step_until(s.now + 31)  # A pulled the view once; its next pull is 30 s away
+    assert len(a._eligible(JobSpec("x", "sim", 1, False, 5.0, 1, 0, None, 1.0, 0.0, s.now, b""), s.now)) == 4
+    jb, eff = b.submit(s.now, JobRequest("sim", 2, work_s=400.0))
+    s._perform(b.id, eff)
+    s.step_until(s.now + 3)
+    fast = [pid for i, pid in enumerate(s.peers) if i < 2]
+    assert all(any(key[1] == jb for key in s.peers[pid].leases) for pid in fast)
+    t0 = s.now
+    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=5.0))
+    s._perform(a.id, eff)
+    s.step_until(s.now + 400, stop=lambda: ja in s.finished)
+    assert s.finished[ja].ok
+    return s.now - t0, a.stats["rebids"]
+
+
+def test_a_bid_far_worse_than_the_view_promised_gets_a_second_look() -> None:
+    # taking the best bid in hand: the shard queues behind a 100 s shard
+    slow, rebids = _stale_view_run(max_rebids=0)
+    assert slow > 90 and rebids == 0
+    # a second look asks the next-ranked peers (twice as many), and one of them is free
+    fast, rebids = _stale_view_run(max_rebids=2)
+    assert fast < 10 and rebids == 1

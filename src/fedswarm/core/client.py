@@ -3,9 +3,8 @@
 Theory of operation
 -------------------
 A job is split into shards. Open shards are auctioned in *rounds*: the
-client picks candidates from its view (capable peers, fewest-backlog of a
-random sample of twice the number needed: power-of-d-choices, Sparrow),
-sends each a ``CallForBids`` carrying the tenant-signed ``JobSpec``, and
+client picks about twice as many candidates as shards (Sparrow's d) from
+its view (see below), sends each a ``CallForBids`` carrying the tenant-signed ``JobSpec``, and
 collects ``Bid``s for ``bid_window_s`` (or until every invitee answered).
 It then awards each shard to the bid minimising
 
@@ -17,6 +16,14 @@ it renews it with ``LeaseRenew``; the client answers ``LeaseAck`` and keeps
 the lease alive for ``lease_s`` after each renewal. A lapsed lease, a decline
 or a failed result reopens the shard with the next attempt number; a shard
 that failed ``max_attempts`` times fails the job.
+
+Invitations go to the peers with the earliest estimated finish in the
+client's view (``_eta``), a share of them (``explore_ratio``) swapped for
+random others. The view is tens of seconds old, so bids are fresh news: each
+bid's start time is remembered for that peer until a newer state of it
+arrives, and when the best bid of a round finishes far later than the view
+promises elsewhere (``rebid_gain``, ``rebid_min_s``), the round is run again
+with the next-ranked peers, keeping its bids, at most ``max_rebids`` times.
 
 Exactly-once delivery: a shard may *run* more than once (an attempt thought
 lost may still finish), but the first result for a shard is delivered and
@@ -37,6 +44,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +53,7 @@ from .config import ClientConfig
 from .events import TOPIC_ACCUSATIONS, Effect, Input, JobFinished, MessageReceived, Publish, Send, ShardDelivered
 from .identity import Identity
 from .node import Node
+from .slots import fill, start_after
 from .view import ViewEntry
 from .wire import (
     Accusation,
@@ -74,6 +83,8 @@ class ShardState:
     AWARDED = "awarded"
     DONE = "done"
 
+
+_MAX_PENDING = 256  # awards remembered per peer until its next state
 
 _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.OPEN, "invite"): ShardState.BIDDING,
@@ -148,6 +159,10 @@ class _Job:
     backoff: float = 0.0
     next_round_id: int = 0
     finished_at: float = 0.0
+    # a second look: bids kept from the rounds re-run, and who was asked
+    carried: dict[str, Bid] = field(default_factory=dict)
+    asked: set[str] = field(default_factory=set)
+    rebids: int = 0
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -190,8 +205,14 @@ class ClientCore(Node):
         self._straggle_heap: list[tuple[float, str, int, int]] = []
         self._next_gossip = 0.0
         self._counter = 0
-        #: peer -> (last award time, seconds per slot awarded since its state)
-        self._pending: dict[str, tuple[float, float]] = {}
+        #: peer -> (last award time, (run seconds, slots) of each shard
+        #: awarded there since its state was issued)
+        self._pending: dict[str, tuple[float, list[tuple[float, int]]]] = {}
+        #: peer -> (time, seconds to start, for a job with a deadline) its
+        #: last bid said: fresher than its state
+        self._news: dict[str, tuple[float, float, bool]] = {}
+        self._salt = zlib.crc32(identity.peer_id.encode())
+        self._ties: dict[str, int] = {}
 
     # ------------------------------------------------------------------
     # public API
@@ -403,6 +424,9 @@ class ClientCore(Node):
         if not open_:
             return out
         cands = self._eligible(job.spec, now)
+        if job.asked:
+            # a second look: peers not asked yet (all of them again if none is left)
+            cands = [e for e in cands if e.peer not in job.asked] or cands
         if not cands:
             self._backoff(job, now)
             self.stats["rounds_no_candidates"] += 1
@@ -412,7 +436,9 @@ class ClientCore(Node):
         # d probes per slot needed: a gang of g GPUs asks like g tasks would,
         # since few peers can host it and their queues differ widely
         need = len(open_) * max(job.spec.gpus, 1)
-        want = min(max(int(math.ceil(cfg.probe_ratio * need)), cfg.probe_min) + excluded, cfg.probe_max, len(cands))
+        # a second look asks twice as many: the view has just proved stale
+        want = max(int(math.ceil(cfg.probe_ratio * need)), cfg.probe_min) << job.rebids
+        want = min(want + excluded, cfg.probe_max, len(cands))
         invited = self._pick(job.spec, cands, want, now)
         if any(s.candidates for s in open_):
             # a second opinion from a trusted peer settles a shard at once and
@@ -437,31 +463,42 @@ class ClientCore(Node):
     def _eta(self, spec: JobSpec, e: ViewEntry, now: float) -> float:
         """Estimated finish of one shard of ``spec`` on ``e``'s peer.
 
-        The gossiped backlog (seconds per slot) drains while the state ages,
-        and shards this client awarded there since that state was issued are
-        added back (``_pending``), so that rounds closing between two gossip
-        rounds do not all pile onto the same peer.
+        When the state says when each slot frees (``free_s``), the queued
+        work (``backlog_s`` less what is running) is poured onto the
+        earliest slots, the state's age drains them, the shards this client
+        awarded there since that state was issued (``_pending``) take their
+        slots, and the shard starts when ``spec.gpus`` slots are free
+        (``core.slots``). A shard with a deadline skips the queued work: it
+        jumps the queue when it is urgent (``fairness.URGENT_SLACK``).
+        Without ``free_s`` the backlog is taken as an average per slot.
         """
         st = e.state
         age = max(now - e.issued_at, 0.0)
-        backlog = st.backlog_s
         g = max(spec.gpus, 1)
-        if len(st.free_s) >= g:
-            if spec.deadline_s is not None:
-                # a shard close to its deadline jumps the peer's queue
-                # (fairness.URGENT_SLACK): it waits for running shards only
-                backlog = st.free_s[g - 1]
-            elif g > 1:
-                # a gang waits for its slots to be free together, not for the average
-                backlog = max(backlog, st.free_s[g - 1])
-        backlog = max(backlog - age, 0.0)
+        awarded: list[tuple[float, int]] = []
         pend = self._pending.get(e.peer)
         if pend is not None:
             if e.issued_at > pend[0] + self.config.bid_window_s:
                 del self._pending[e.peer]  # a newer state already counts them
             else:
-                backlog += pend[1]
-        return backlog + spec.work_s / _speed(st.throughput, spec.task)
+                awarded = pend[1]
+        if st.free_s and len(st.free_s) == st.slots:
+            queued = 0.0
+            if spec.deadline_s is None:
+                queued = max(st.backlog_s * st.slots - sum(st.free_s), 0.0)
+            t = [max(x - age, 0.0) for x in fill(st.free_s, queued)]
+            wait = start_after(t, awarded, g)
+        else:
+            backlog = max(st.backlog_s - age, 0.0)
+            wait = backlog + sum(r * h for r, h in awarded) / max(st.slots, 1)
+        news = self._news.get(e.peer)
+        if news is not None:
+            if e.issued_at > news[0]:
+                del self._news[e.peer]  # the state is newer than the bid
+            elif news[2] or spec.deadline_s is None:
+                # (an urgent shard may jump the queue a plain bid waits for)
+                wait = max(wait, news[1] - (now - news[0]))
+        return wait + spec.work_s / _speed(st.throughput, spec.task)
 
     def _pick(self, spec: JobSpec, cands: list[ViewEntry], want: int, now: float) -> list[str]:
         """Whom to invite: the ``want`` candidates with the earliest estimated
@@ -475,10 +512,21 @@ class ClientCore(Node):
         if len(cands) <= want:
             return [e.peer for e in cands]
         n_explore = min(int(want * self.config.explore_ratio), want - 1)
-        top = heapq.nsmallest(want - n_explore, cands, key=lambda e: (self._eta(spec, e, now), e.peer))
+        top = heapq.nsmallest(want - n_explore, cands, key=lambda e: (self._eta(spec, e, now), self._tie(e.peer)))
         chosen = {e.peer for e in top}
         rest = [e for e in cands if e.peer not in chosen]
         return [e.peer for e in top] + [e.peer for e in self.rng.sample(rest, n_explore)]
+
+    def _tie(self, peer: str) -> int:
+        """This client's own order among peers its view ranks equal. A
+        shared order (by id) would send every client's shards to the same
+        peer whenever their views agree, e.g. on a swarm seen as idle."""
+        k = self._ties.get(peer)
+        if k is None:
+            if len(self._ties) >= 4 * self.config.max_view:
+                self._ties.clear()
+            k = self._ties[peer] = zlib.crc32(peer.encode(), self._salt)
+        return k
 
     def _backoff(self, job: _Job, now: float) -> None:
         cfg = self.config
@@ -504,22 +552,70 @@ class ClientCore(Node):
             return self._close_round(now, job) + self._advance(now, job)
         return []
 
+    def _deadline_left(self, job: _Job, shards: tuple[int, ...], now: float) -> float:
+        """Time left to the deadline for a round's shards (a chain's deadline
+        is shared by the shards still to come, as peers assume)."""
+        spec = job.spec
+        if spec.deadline_s is None:
+            return math.inf
+        left = job.submitted_at + spec.deadline_s - now
+        if spec.chain:
+            left /= max(spec.shards - min(shards), 1)
+        return left
+
+    def _remember(self, now: float, peer: str, bid: Bid, deadline: bool) -> None:
+        """A bid is news about its peer, fresher than the peer's state."""
+        self._news[peer] = (now, bid.start_s, deadline)
+        if len(self._news) > self.config.max_view:
+            keep = sorted(self._news.items(), key=lambda kv: (kv[1][0], kv[0]))[len(self._news) // 2 :]
+            self._news = dict(keep)
+
+    def _second_look(self, now: float, job: _Job, rnd: _Round, bids: dict[str, Bid]) -> bool:
+        """Whether the best bid finishes so much later than the view promises
+        elsewhere that the round is worth running again with others."""
+        cfg = self.config
+        if job.rebids >= cfg.max_rebids or not bids:
+            return False
+        # compare at full clock: a bid slowed down to save energy is not late
+        best = min(b.start_s + b.run_s * b.level for b in bids.values())
+        wait = min(b.start_s for b in bids.values())
+        if wait < cfg.rebid_min_s:
+            return False
+        spec = job.spec
+        asked = job.asked | rnd.invited
+        alt = min((self._eta(spec, e, now) for e in self._eligible(spec, now) if e.peer not in asked), default=math.inf)
+        left = self._deadline_left(job, rnd.shards, now)
+        if best > left >= alt:
+            return True
+        return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
+
     def _close_round(self, now: float, job: _Job) -> list[Effect]:
         rnd = job.round
         assert rnd is not None
         job.round = None
         spec = job.spec
         out: list[Effect] = []
+        for peer, bid in rnd.bids.items():
+            self._remember(now, peer, bid, spec.deadline_s is not None)
+        bids = {**job.carried, **rnd.bids}
+        if self._second_look(now, job, rnd, bids):
+            job.carried = bids
+            job.asked |= rnd.invited
+            job.rebids += 1
+            for i in rnd.shards:
+                sh = job.shards[i]
+                if sh.state == ShardState.BIDDING and sh.round == rnd.id:
+                    self._move(sh, "no-bid")
+            job.next_round_at = now
+            self.stats["rebids"] += 1
+            return out
+        job.carried = {}
+        job.asked = set()
+        job.rebids = 0
         assigned: dict[str, int] = {}
-        bidders = sorted(rnd.bids.items())
+        bidders = sorted(bids.items())
         awarded_any = False
-        # time left to the deadline for this round's shards (a chain's
-        # deadline is shared by the shards still to come, as peers assume)
-        left = math.inf
-        if spec.deadline_s is not None:
-            left = job.submitted_at + spec.deadline_s - now
-            if spec.chain:
-                left /= max(spec.shards - min(rnd.shards), 1)
+        left = self._deadline_left(job, rnd.shards, now)
         for i in rnd.shards:
             sh = job.shards[i]
             if sh.state != ShardState.BIDDING or sh.round != rnd.id:
@@ -542,8 +638,10 @@ class ClientCore(Node):
             peer, bid = best[0][3], best[1]
             assigned[peer] = assigned.get(peer, 0) + 1
             pend = self._pending.get(peer)
-            extra = bid.run_s / max(bid.slots, 1)
-            self._pending[peer] = (now, extra + (pend[1] if pend is not None else 0.0))
+            held = pend[1] if pend is not None else []
+            if len(held) < _MAX_PENDING:
+                held.append((bid.run_s, max(spec.gpus, 1)))
+            self._pending[peer] = (now, held)
             if len(self._pending) > self.config.max_view:
                 # peers that left never get a newer state to clear their
                 # entry: keep the most recent half

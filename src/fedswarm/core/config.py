@@ -87,6 +87,10 @@ class ClientConfig:
     suspect_s: float = 60.0  # a peer whose lease lapsed is not invited for this long
     min_trust: str = ""  # "datacenter": only trusted peers are invited
     carbon_weight: float = 0.0  # joules-equivalent per gram of CO2 in the award rule
+    # -- second looks: the best bid is far worse than the view promised elsewhere
+    rebid_gain: float = 0.5  # re-auction when others should finish this share of the best bid's finish sooner
+    rebid_min_s: float = 5.0  # ... and at least this many seconds sooner
+    max_rebids: int = 2  # re-auctions of one round's shards before the best bid is taken anyway
     max_message_bytes: int = 4 * 1024 * 1024
     rate_per_s: float = 500.0
     rate_burst: float = 1000.0
