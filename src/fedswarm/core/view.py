@@ -23,7 +23,9 @@ every entry is eventually refreshed). Bytes per peer per second are
 
 from __future__ import annotations
 
+import heapq
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from .wire import PeerState
@@ -61,7 +63,9 @@ class View:
         self._recent: list[str] = []
         #: peers whose state expired recently -> when; probed now and then so
         #: that the two sides of a healed partition find each other again
-        self.graveyard: dict[str, float] = {}
+        self.graveyard: OrderedDict[str, float] = OrderedDict()  # oldest first
+        #: (expires_at, peer) of every entry merged; stale items are skipped
+        self._expiry: list[tuple[float, str]] = []
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -86,6 +90,7 @@ class View:
                 return False
             self._sorted_cache = None
         self._entries[peer] = ViewEntry(peer, state, issued_at, raw, now, trusted)
+        heapq.heappush(self._expiry, (issued_at + state.ttl_s, peer))
         self._version += 1
         self.graveyard.pop(peer, None)
         self._recent.append(peer)
@@ -105,20 +110,30 @@ class View:
 
     def expire(self, now: float) -> list[str]:
         """Drop expired entries; return the ids dropped (sorted)."""
-        dead = sorted(p for p, e in self._entries.items() if e.expires_at <= now and p != self.self_id)
+        heap = self._expiry
+        found: set[str] = set()
+        while heap and heap[0][0] <= now:
+            _, p = heapq.heappop(heap)
+            e = self._entries.get(p)
+            if e is not None and p != self.self_id and e.expires_at <= now:
+                found.add(p)
+        dead = sorted(found)
         for p in dead:
             if not self._entries[p].state.leaving:
+                self.graveyard.pop(p, None)
                 self.graveyard[p] = now
             del self._entries[p]
         if dead:
             self._sorted_cache = None
             self._version += 1
-        if self.graveyard:
+        g = self.graveyard
+        if g:
             horizon = now - self.graveyard_s
-            self.graveyard = {p: t for p, t in self.graveyard.items() if t > horizon}
-            if len(self.graveyard) > self.max_size:
-                keep = sorted(self.graveyard.items(), key=lambda kv: (-kv[1], kv[0]))[: self.max_size]
-                self.graveyard = dict(keep)
+            while g and next(iter(g.values())) <= horizon:
+                g.popitem(last=False)
+            if len(g) > self.max_size:
+                keep = sorted(g.items(), key=lambda kv: (-kv[1], kv[0]))[: self.max_size]
+                self.graveyard = OrderedDict(sorted(keep, key=lambda kv: (kv[1], kv[0])))
         return dead
 
     def remove(self, peer: str) -> None:

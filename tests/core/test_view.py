@@ -1,0 +1,56 @@
+"""The gossip view's expiry and graveyard against a brute-force model."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedswarm.core.energy import PowerModel
+from fedswarm.core.view import View
+from fedswarm.core.wire import PeerState, PowerInfo
+
+_PM = PowerModel(idle_w=10.0, max_w=65.0, alpha=2.5, levels=(1.0,))
+
+
+def _state(seq: int, ttl: float, leaving: bool) -> PeerState:
+    return PeerState(
+        seq=seq, ttl_s=ttl, devices=(), slots=1, throughput={"*": 1.0}, backlog_s=0.0,
+        power=PowerInfo(10.0, _PM.idle_w, _PM.max_w, _PM.max_w, _PM.alpha, _PM.levels),
+        energy_price=0.2, carbon_g_kwh=300.0, spans=(), trust="volunteer", membership=b"", addrs=(),
+        region="", leaving=leaving, ledger={},
+    )
+
+
+# (advance time by, peer, seq, ttl, leaving, expire after)
+steps = st.lists(
+    st.tuples(st.floats(0, 50), st.sampled_from("abcdefgh"), st.integers(0, 6), st.floats(1, 120), st.booleans(),
+              st.booleans()),
+    max_size=60,
+)
+
+
+@settings(max_examples=200)
+@given(steps)
+def test_expire_drops_exactly_the_expired_entries_and_buries_them(ops: list) -> None:
+    v = View("me", max_size=6, graveyard_s=100.0)
+    now = 0.0
+    buried: dict[str, float] = {}  # the model of the graveyard
+    for dt, peer, seq, ttl, leaving, expire in ops:
+        now += dt
+        v.merge(peer, _state(seq, ttl, leaving), now - dt / 2, b"", now)
+        if peer in v:
+            buried.pop(peer, None)
+        if not expire:
+            continue
+        due = sorted(p for p in v.peers() if v.get(p).expires_at <= now)  # type: ignore[union-attr]
+        leaving_due = {p for p in due if v.get(p).state.leaving}  # type: ignore[union-attr]
+        assert v.expire(now) == due
+        assert all(v.get(p) is None for p in due)
+        assert all(e.expires_at > now for e in (v.get(p) for p in v.peers()) if e is not None)
+        for p in due:
+            if p not in leaving_due:
+                buried[p] = now
+        buried = {p: t for p, t in buried.items() if t > now - 100.0}
+        if len(buried) > 6:  # the newest max_size are kept
+            buried = dict(sorted(buried.items(), key=lambda kv: (-kv[1], kv[0]))[:6])
+        assert dict(v.graveyard) == buried
