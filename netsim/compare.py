@@ -167,22 +167,33 @@ def write_plot_data(cmp: dict[str, Any], json_path: str) -> list[str]:
         print("netsim: matplotlib is not installed; wrote the plot data as CSV instead: " + ", ".join(written),
               file=sys.stderr)
         return written
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for pol, d in cmp["policies"].items():
-        for ax, metric in ((axes[0][0], "jct_s"), (axes[0][1], "rho")):
-            xs = sorted(j[metric] for j in d["jobs"] if j[metric] is not None)
-            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=pol)
-            ax.set_xlabel(metric)
-            ax.set_ylabel("CDF")
     pols = list(cmp["policies"])
-    axes[1][0].bar(pols, [cmp["policies"][p]["summary"]["energy_j"] / 1e6 for p in pols])
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    for ax, metric, label in ((axes[0][0], "jct_s", "job completion time (s)"), (axes[0][1], "rho", "finish-time fairness rho")):
+        for pol in pols:
+            xs = sorted(max(j[metric], 1e-3) for j in cmp["policies"][pol]["jobs"] if j[metric] is not None)
+            if xs:
+                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=pol)
+        ax.set_xscale("log")  # heavy tails: a linear axis hides all but the worst policy
+        ax.set_xlabel(label + ", log scale")
+        ax.set_ylabel("CDF of jobs")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].legend(loc="lower right")
+    busy = [cmp["policies"][p]["summary"]["energy_busy_j"] / 1e6 for p in pols]
+    idle = [cmp["policies"][p]["summary"]["energy_idle_j"] / 1e6 for p in pols]
+    axes[1][0].bar(pols, busy, label="running shards")
+    axes[1][0].bar(pols, idle, bottom=busy, label="idle peers until the last job ends")
     axes[1][0].set_ylabel("energy (MJ)")
-    d = cmp["policies"][pols[0]]["shares_over_time"]
+    axes[1][0].legend(loc="upper left", fontsize="small")
+    axes[1][0].tick_params(axis="x", labelrotation=20)
+    who = "fedswarm" if "fedswarm" in cmp["policies"] else pols[0]
+    d = cmp["policies"][who]["shares_over_time"]
     for t, ys in sorted(d["tenants"].items()):
-        axes[1][1].plot(d["t_s"], ys, label=f"{pols[0]}:{t}")
-    axes[1][1].set_ylabel("share of GPU-seconds")
-    axes[0][0].legend()
-    axes[1][1].legend()
+        axes[1][1].plot(d["t_s"], ys, label=t)
+    axes[1][1].set_title(f"{who}: tenants' shares of busy GPU-seconds", fontsize="medium")
+    axes[1][1].set_xlabel("time (s)")
+    axes[1][1].set_ylabel("share")
+    axes[1][1].legend(fontsize="small")
     fig.tight_layout()
     png = f"{stem}.png"
     fig.savefig(png)
