@@ -54,6 +54,8 @@ class MiniSwarm:
     trusted: tuple[int, ...] = ()
     #: peer index -> factor by which its shards run slower than it bids
     slow: dict[int, float] = field(default_factory=dict)
+    #: (sender, Send) -> True to drop that message (targeted loss)
+    drop: Callable[[str, Send], bool] | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -106,7 +108,8 @@ class MiniSwarm:
             if isinstance(e, Send):
                 self.msgs_sent += 1
                 self.bytes_sent += len(e.data)
-                if self.rng.random() < self.loss:
+                lost = self.rng.random() < self.loss
+                if lost or (self.drop is not None and self.drop(src, e)):
                     continue
                 copies = 2 if self.rng.random() < self.dup else 1
                 for c in range(copies):

@@ -126,7 +126,7 @@ def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
     s.step_until(s.now + 30)
     c = s.add_client()
     s.step_until(s.now + 10)
-    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1)]) for i in range(100)})
+    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1, s.now - 1000.0 + i)]) for i in range(100)})
     jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=50.0))
     s._perform(c.id, eff)
     s.step_until(s.now + 3)
@@ -166,3 +166,43 @@ def test_a_bid_far_worse_than_the_view_promised_gets_a_second_look() -> None:
     # a second look asks the next-ranked peers (twice as many), and one of them is free
     fast, rebids = _stale_view_run(max_rebids=2)
     assert fast < 10 and rebids == 1
+
+
+def test_awards_made_after_a_bid_count_against_it() -> None:
+    # two jobs auctioned at once on two idle single-slot peers: both peers
+    # bid "start now" for both; the job awarded second must not pile onto
+    # the peer that just won the first
+    s = MiniSwarm(2, seed=6, peer_config=lambda i: PeerConfig(slots=1), client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 20)
+    c = s.add_client()
+    s.step_until(s.now + 10)
+    t0 = s.now
+    jobs = []
+    for _ in range(2):
+        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
+        s._perform(c.id, eff)
+        jobs.append(jid)
+    s.step_until(s.now + 200, stop=lambda: all(j in s.finished for j in jobs))
+    ran_on = {next(d.peer for d in s.delivered if d.job_id == j) for j in jobs}
+    assert len(ran_on) == 2
+    assert s.now - t0 < 35.0
+
+
+def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_needs() -> None:
+    # peer runs shards twice as slowly as it expects, so the second shard
+    # starts later than its bid said: the slow clock it won with (0.6, fine
+    # at bid time) would now miss its deadline
+    s = MiniSwarm(1, seed=2, peer_config=lambda i: PeerConfig(slots=1, power=A100), client_config=ClientConfig(verify="none"),
+                  slow={0: 2.0})
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    first, eff = c.submit(s.now, JobRequest("sim", 1, work_s=20.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 1)
+    late, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, deadline_s=55.0, lam=0.01))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 3)
+    assert _levels(s, late) == {0.6}  # chosen at award time: 19 s wait + 16.7 s fits 0.8 x 55 s
+    s.step_until(s.now + 200, stop=lambda: late in s.finished)
+    ((_, run),) = [v for k, v in s.runs.items() if k[2] == late]
+    assert run.level == 1.0

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from fedswarm.core.client import JobRequest
-from fedswarm.core.config import PeerConfig
+from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.config import ClientConfig, PeerConfig
+from fedswarm.core.events import Send
 from helpers import MiniSwarm
 
 
@@ -170,3 +173,49 @@ def test_stragglers_get_a_backup_and_the_first_result_wins() -> None:
     # the losing copies are cancelled once the cancels arrive, not left running
     s.step_until(s.now + 1)
     assert not any(p.leases for p in s.peers.values())
+
+
+def _first(kind: str) -> Callable[[str, Send], bool]:
+    """A drop rule that loses the first message of ``kind`` and no other."""
+    seen: list[Send] = []
+
+    def drop(src: str, e: Send) -> bool:
+        if e.kind == kind and not seen:
+            seen.append(e)
+            return True
+        return False
+
+    return drop
+
+
+def _one_shard(drop: Callable[[str, Send], bool], resend_s: float, work_s: float,
+               renew_s: float = 2.0) -> tuple[float, MiniSwarm, ClientCore]:
+    s = MiniSwarm(1, seed=4, drop=drop, client_config=ClientConfig(verify="none", award_resend_s=resend_s),
+                  peer_config=lambda i: PeerConfig(renew_interval_s=renew_s))
+    s.step_until(s.now + 5)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    t0 = s.now
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=work_s))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 120, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
+    return s.now - t0, s, c
+
+
+def test_a_lost_award_is_sent_again() -> None:
+    # without resending, the shard waits for its lease to lapse (8 s) and a new auction
+    slow, _, _ = _one_shard(_first("Award"), 0.0, 1.0)
+    assert slow > 8.0
+    fast, _, c = _one_shard(_first("Award"), 2.0, 1.0)
+    assert fast < 4.0 and c.stats["awards_resent"] == 1
+
+
+def test_a_repeated_award_is_answered_with_a_renewal_and_runs_once() -> None:
+    # the award arrived but the peer's first renewal was lost: the client
+    # sends the award again, the peer renews instead of running it twice
+    # (its own next renewal is 30 s away: only the answer confirms the award)
+    took, s, c = _one_shard(_first("LeaseRenew"), 2.0, 10.0, renew_s=30.0)
+    (peer,) = s.peers.values()
+    assert c.stats["awards_resent"] == 1 and peer.stats["awards_duplicate"] == 1
+    assert peer.stats["shards_started"] == 1 and took < 12.0

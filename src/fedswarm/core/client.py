@@ -135,6 +135,7 @@ class _Shard:
     # verification: results held until a quorum of distinct peers agrees
     candidates: list[tuple[str, int, ShardResult, bytes]] = field(default_factory=list)
     exclude: set[str] = field(default_factory=set)
+    award: Award | None = None  # the current attempt's award, until a renewal confirms it
 
 
 @dataclass(slots=True)
@@ -160,7 +161,7 @@ class _Job:
     next_round_id: int = 0
     finished_at: float = 0.0
     # a second look: bids kept from the rounds re-run, and who was asked
-    carried: dict[str, Bid] = field(default_factory=dict)
+    carried: dict[str, tuple[Bid, float]] = field(default_factory=dict)
     asked: set[str] = field(default_factory=set)
     rebids: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -203,11 +204,13 @@ class ClientCore(Node):
         self._lease_heap: list[tuple[float, str, int, int]] = []
         # (when the attempt counts as a straggler, job_id, shard, attempt)
         self._straggle_heap: list[tuple[float, str, int, int]] = []
+        # (when to send the award again, job_id, shard, attempt, lease_until then, resends so far)
+        self._award_heap: list[tuple[float, str, int, int, float, int]] = []
         self._next_gossip = 0.0
         self._counter = 0
-        #: peer -> (last award time, (run seconds, slots) of each shard
+        #: peer -> (last award time, (run seconds, slots, when) of each shard
         #: awarded there since its state was issued)
-        self._pending: dict[str, tuple[float, list[tuple[float, int]]]] = {}
+        self._pending: dict[str, tuple[float, list[tuple[float, int, float]]]] = {}
         #: peer -> (time, seconds to start, for a job with a deadline) its
         #: last bid said: fresher than its state
         self._news: dict[str, tuple[float, float, bool]] = {}
@@ -309,6 +312,19 @@ class ClientCore(Node):
                 self.stats["leases_lapsed"] += 1
                 self._suspect[sh.peer] = now + self.config.suspect_s
                 self._reopen(job, sh)
+        aheap = self._award_heap
+        while aheap and aheap[0][0] <= now:
+            _, jid, idx, attempt, until, tries = heapq.heappop(aheap)
+            found = self._held((until, jid, idx, attempt), lease=True)
+            if found is None or found[1].award is None:
+                continue  # renewed (so the award arrived), settled or reopened
+            sh = found[1]
+            # no renewal yet: the award (or the peer's first renewal) may be
+            # lost; a peer that holds it answers a repeat with a renewal
+            self.stats["awards_resent"] += 1
+            out.append(self._send(sh.peer, sh.award, now))
+            if tries + 1 < self.config.award_resends:
+                heapq.heappush(aheap, (now + self.config.award_resend_s, jid, idx, attempt, until, tries + 1))
         sheap = self._straggle_heap
         while sheap and sheap[0][0] <= now:
             found = self._held(heapq.heappop(sheap), lease=False)
@@ -329,6 +345,13 @@ class ClientCore(Node):
     def next_deadline(self) -> float:
         t = self._next_gossip
         heap = self._lease_heap
+        aheap = self._award_heap
+        while aheap:
+            _, jid, idx, attempt, until, _ = aheap[0]
+            if self._held((until, jid, idx, attempt), lease=True) is not None:
+                t = min(t, aheap[0][0])
+                break
+            heapq.heappop(aheap)
         for h, lease in ((heap, True), (self._straggle_heap, False)):
             while h:
                 if self._held(h[0], lease=lease) is not None:
@@ -481,7 +504,7 @@ class ClientCore(Node):
             if e.issued_at > pend[0] + self.config.bid_window_s:
                 del self._pending[e.peer]  # a newer state already counts them
             else:
-                awarded = pend[1]
+                awarded = [(r, h) for r, h, _ in pend[1]]
         if st.free_s and len(st.free_s) == st.slots:
             queued = 0.0
             if spec.deadline_s is None:
@@ -570,6 +593,10 @@ class ClientCore(Node):
             keep = sorted(self._news.items(), key=lambda kv: (kv[1][0], kv[0]))[len(self._news) // 2 :]
             self._news = dict(keep)
 
+    def _awarded_since(self, peer: str, t: float) -> int:
+        pend = self._pending.get(peer)
+        return 0 if pend is None or pend[0] < t else sum(1 for _, _, when in pend[1] if when >= t)
+
     def _second_look(self, now: float, job: _Job, rnd: _Round, bids: dict[str, Bid]) -> bool:
         """Whether the best bid finishes so much later than the view promises
         elsewhere that the round is worth running again with others."""
@@ -597,8 +624,10 @@ class ClientCore(Node):
         out: list[Effect] = []
         for peer, bid in rnd.bids.items():
             self._remember(now, peer, bid, spec.deadline_s is not None)
-        bids = {**job.carried, **rnd.bids}
-        if self._second_look(now, job, rnd, bids):
+        # (bid, when its call went out): awards sent since may not be in it
+        called = rnd.close_at - self.config.bid_window_s
+        bids = {**job.carried, **{p: (b, called) for p, b in rnd.bids.items()}}
+        if self._second_look(now, job, rnd, {p: b for p, (b, _) in bids.items()}):
             job.carried = bids
             job.asked |= rnd.invited
             job.rebids += 1
@@ -613,7 +642,10 @@ class ClientCore(Node):
         job.asked = set()
         job.rebids = 0
         assigned: dict[str, int] = {}
-        bidders = sorted(bids.items())
+        bidders = sorted((p, b) for p, (b, _) in bids.items())
+        # shards this client gave a bidder (for other jobs) after calling for
+        # its bid: the bid may not count them
+        unseen = {p: self._awarded_since(p, at) for p, (_, at) in bids.items()}
         awarded_any = False
         left = self._deadline_left(job, rnd.shards, now)
         for i in rnd.shards:
@@ -626,7 +658,7 @@ class ClientCore(Node):
             for peer, bid in bidders:
                 if i not in bid.shards or peer in sh.exclude or peer in self.banned:
                     continue
-                k = assigned.get(peer, 0)
+                k = assigned.get(peer, 0) + unseen[peer]
                 finish = bid.start_s + (k // bid.slots + 1) * bid.run_s
                 cost = spec.weight * finish + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g)
                 key = (not (sh.candidates and self.is_trusted(peer)), finish > left, cost, peer)
@@ -640,7 +672,7 @@ class ClientCore(Node):
             pend = self._pending.get(peer)
             held = pend[1] if pend is not None else []
             if len(held) < _MAX_PENDING:
-                held.append((bid.run_s, max(spec.gpus, 1)))
+                held.append((bid.run_s, max(spec.gpus, 1), now))
             self._pending[peer] = (now, held)
             if len(self._pending) > self.config.max_view:
                 # peers that left never get a newer state to clear their
@@ -653,7 +685,7 @@ class ClientCore(Node):
             sh.live.add(sh.attempt)
             self._set_lease(sh, job.spec.job_id, now + self.config.lease_s + self.config.bid_window_s)
             if self.config.straggler_factor > 0 and sh.backups < self.config.max_backups:
-                k = assigned[peer] - 1
+                k = assigned[peer] - 1 + unseen[peer]
                 expect = bid.start_s + (k // bid.slots + 1) * bid.run_s
                 late = now + self.config.straggler_factor * expect + self.config.straggler_min_s
                 heapq.heappush(self._straggle_heap, (late, job.spec.job_id, sh.index, sh.attempt))
@@ -661,6 +693,10 @@ class ClientCore(Node):
             self.stats["awards_sent"] += 1
             award = Award(job.raw, peer, i, sh.attempt, self.config.lease_s, bid.level)
             out.append(self._send(peer, award, now))
+            if self.config.award_resend_s > 0:
+                sh.award = award
+                heapq.heappush(self._award_heap, (now + self.config.award_resend_s, job.spec.job_id, i, sh.attempt,
+                                                  sh.lease_until, 0))
         if awarded_any:
             job.backoff = 0.0
             job.next_round_at = now
@@ -694,6 +730,7 @@ class ClientCore(Node):
         granted = min(max(cfg.lease_s, 0.5 * msg.eta_s), cfg.max_lease_s)
         if current and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._set_lease(sh, job.spec.job_id, now + granted)
+            sh.award = None
         self.stats["renewals"] += 1
         return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, current, granted), now)]
 

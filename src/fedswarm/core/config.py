@@ -91,6 +91,9 @@ class ClientConfig:
     rebid_gain: float = 0.5  # re-auction when others should finish this share of the best bid's finish sooner
     rebid_min_s: float = 5.0  # ... and at least this many seconds sooner
     max_rebids: int = 2  # re-auctions of one round's shards before the best bid is taken anyway
+    # -- an award not confirmed by a renewal is sent again (it may be lost)
+    award_resend_s: float = 2.0  # 0 disables
+    award_resends: int = 3
     max_message_bytes: int = 4 * 1024 * 1024
     rate_per_s: float = 500.0
     rate_burst: float = 1000.0

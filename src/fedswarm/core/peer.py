@@ -51,7 +51,7 @@ from typing import Any
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import PeerConfig
-from .energy import choose_level
+from .energy import DEADLINE_MARGIN, choose_level
 from .events import (
     TOPIC_PEERS,
     CancelShard,
@@ -582,6 +582,11 @@ class PeerCore(Node):
         key: LeaseKey = (tenant, job.job_id, award.shard, award.attempt)
         if key in self.leases or key in self.outbox:
             self.stats["awards_duplicate"] += 1
+            lease = self.leases.get(key)
+            if lease is not None:
+                # the client sends an award again when it heard no renewal:
+                # ours may have been lost, so renew now
+                return [self._send(tenant, self._renew_msg(lease, now), now)]
             return []
         why = self._can_serve(job, tenant)
         if why:
@@ -721,6 +726,27 @@ class PeerCore(Node):
             out.append(SetLevel(t, j, s, a, top, lease.run_s))
         return out
 
+    def _fit_deadline(self, lease: _Lease, now: float) -> None:
+        """Before a slowed-down shard with a deadline starts: if its level no
+        longer meets the deadline (it waited longer than its bid said), take
+        the level that does, or the fastest."""
+        top = self.config.power.allowed_levels()[-1]
+        left = self._deadline_left(lease.job, lease.key[2], now)
+        if left is None or lease.level >= top or lease.run_s <= DEADLINE_MARGIN * left:
+            return
+        work = lease.run_s * lease.level
+        c = choose_level(self.config.power, work, start_s=0.0, deadline_s=left, lam=lease.job.lam,
+                         carbon_g_kwh=self.config.carbon_g_kwh)
+        if c.level <= lease.level:
+            return
+        gpus = max(lease.job.gpus, 1)
+        if lease.tenant in self._tenant_load:
+            self._tenant_load[lease.tenant] -= (lease.run_s - c.run_s) * gpus
+        lease.level, lease.run_s = c.level, c.run_s
+        lease.energy_j = c.energy_j * gpus
+        lease.carbon_g = c.carbon_g * gpus
+        self.stats["levels_raised"] += 1
+
     def _schedule(self, now: float) -> list[Effect]:
         free = self.config.slots - self._busy_slots
         queued = [lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED]
@@ -738,6 +764,7 @@ class PeerCore(Node):
                 # whatever runs slowed down now holds up a queue: full speed
                 out.extend(self._speed_up(now))
                 break
+            self._fit_deadline(lease, now)
             self._move(lease, "start")
             lease.started_at = now
             free -= need
