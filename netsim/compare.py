@@ -5,7 +5,9 @@ Every policy sees the same scenario, seed, swarm, churn and workload.
 peer's ``race_to_idle = true`` (always the top frequency level: the energy
 baseline); the others are ``netsim.baselines``. The JSON holds, per policy,
 the ``summary`` of ``netsim run`` plus ``deadline_misses``,
-``msgs_per_shard``, ``sched_msgs_per_shard`` and ``p99_jct_s``.
+``msgs_per_shard``, ``sched_msgs_per_shard``, ``p99_jct_s`` and
+``energy_horizon_j`` (energy over the longest run's length: a run that ends
+sooner has its peers idle on at ``idle_floor_w`` until then).
 """
 
 from __future__ import annotations
@@ -90,6 +92,12 @@ def compare(sc: Scenario, seed: int, policies: list[str], jobs: list[TraceJob] |
         }
         if progress is not None:
             progress(pol)
+    # runs end when their last job does; over the longest run's length, the
+    # others' peers would have idled on at their idle floor
+    horizon = max((p["summary"]["sim_time_s"] for p in out["policies"].values()), default=0.0)
+    for p in out["policies"].values():
+        s = p["summary"]
+        p["energy_horizon_j"] = s["energy_j"] + s["idle_floor_w"] * (horizon - s["sim_time_s"])
     return out
 
 
@@ -102,6 +110,7 @@ ROWS = (
     ("jain", lambda p: p["summary"]["jain_index"]),
     ("energy_MJ", lambda p: p["summary"]["energy_j"] / 1e6),
     ("busy_MJ", lambda p: p["summary"]["energy_busy_j"] / 1e6),
+    ("horizon_MJ", lambda p: p["energy_horizon_j"] / 1e6),
     ("carbon_kg", lambda p: p["summary"]["carbon_g"] / 1e3),
     ("dl_miss", lambda p: f"{p['deadline_misses']}/{p['jobs_with_deadline']}"),
     ("msgs/shard", lambda p: p["msgs_per_shard"]),

@@ -827,6 +827,7 @@ class Simulator:
         # energy: busy (power(level) * run time * gpus, incl. cancelled runs) + idle GPUs at idle_w
         busy_e = idle_e = carbon = 0.0
         slot_s = busy_s = peer_s = 0.0
+        floor_w = 0.0  # idle draw of the peers still up at the end
         fates: Counter[str] = Counter()
         msgs_peers = bytes_peers = 0
         for pid in sorted(self.nodes):
@@ -845,6 +846,8 @@ class Simulator:
                 carbon += r_e / 3.6e6 * r.profile.carbon_g_kwh
                 busy_s += (end - st) * g
             idle = max(r.profile.slots * life - r.busy_gpu_s, 0.0) * r.profile.power.idle_w
+            if r.end_t is None:
+                floor_w += r.profile.slots * r.profile.power.idle_w
             busy_e += r.busy_energy_j
             idle_e += idle
             carbon += (r.busy_energy_j + idle) / 3.6e6 * r.profile.carbon_g_kwh
@@ -881,6 +884,7 @@ class Simulator:
             "energy_j": busy_e + idle_e,
             "energy_busy_j": busy_e,
             "energy_idle_j": idle_e,
+            "idle_floor_w": floor_w,
             "carbon_g": carbon,
             "wasted_gpu_s": self.wasted_gpu_s,
             "msgs_per_peer_s": self.msgs / peer_s if peer_s > 0 else 0.0,

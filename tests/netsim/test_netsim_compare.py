@@ -84,6 +84,13 @@ def test_compare_json_and_cli(tmp_path, capsys):
         d = cmp["policies"][p]
         assert {"summary", "deadline_misses", "msgs_per_shard", "p99_jct_s"} <= set(d)
         assert d["summary"]["shards_completed"] == d["summary"]["shards_submitted"]
+    # energy over the longest run's length: the shorter run's peers idle on at their floor
+    runs = sorted(cmp["policies"].values(), key=lambda d: d["summary"]["sim_time_s"])
+    short, long_ = runs[0]["summary"], runs[-1]["summary"]
+    assert runs[-1]["energy_horizon_j"] == long_["energy_j"]
+    gap = long_["sim_time_s"] - short["sim_time_s"]
+    assert runs[0]["energy_horizon_j"] == pytest.approx(short["energy_j"] + short["idle_floor_w"] * gap)
+    assert short["idle_floor_w"] > 0
     out = tmp_path / "c.json"
     rc = main(["compare", str(SCENARIOS / "smoke-20.toml"), "--policies", "centralized,sparrow,random,fifo",
                "--seed", "2", "--out", str(out)])
