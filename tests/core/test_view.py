@@ -35,9 +35,18 @@ def test_expire_drops_exactly_the_expired_entries_and_buries_them(ops: list) -> 
     v = View("me", max_size=6, graveyard_s=100.0)
     now = 0.0
     buried: dict[str, float] = {}  # the model of the graveyard
+    model: dict[str, tuple[int, float]] = {}  # peer -> (seq, expires at)
     for dt, peer, seq, ttl, leaving, expire in ops:
         now += dt
-        v.merge(peer, _state(seq, ttl, leaving), now - dt / 2, b"", now)
+        issued = now - dt / 2
+        fresh = issued + ttl > now and (peer not in model or model[peer][0] < seq)
+        if fresh and peer not in model and len(model) >= 6:
+            # a full view makes room by dropping the entry that expires soonest
+            del model[min(model, key=lambda p: (model[p][1], p))]
+        if fresh:
+            model[peer] = (seq, issued + ttl)
+        assert v.merge(peer, _state(seq, ttl, leaving), issued, b"", now) == fresh
+        assert set(v.peers()) == set(model)
         if peer in v:
             buried.pop(peer, None)
         if not expire:
@@ -45,6 +54,8 @@ def test_expire_drops_exactly_the_expired_entries_and_buries_them(ops: list) -> 
         due = sorted(p for p in v.peers() if v.get(p).expires_at <= now)  # type: ignore[union-attr]
         leaving_due = {p for p in due if v.get(p).state.leaving}  # type: ignore[union-attr]
         assert v.expire(now) == due
+        for p in due:
+            del model[p]
         assert all(v.get(p) is None for p in due)
         assert all(e.expires_at > now for e in (v.get(p) for p in v.peers()) if e is not None)
         for p in due:

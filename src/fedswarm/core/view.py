@@ -99,11 +99,26 @@ class View:
         return True
 
     def _evict(self, now: float) -> bool:
-        victims = [e for e in self._entries.values() if e.peer != self.self_id]
-        if not victims:
+        """Drop the entry that expires soonest (ties: smallest id), never our own."""
+        heap = self._expiry
+        mine: list[tuple[float, str]] = []
+        victim = None
+        while heap:
+            when, p = heap[0]
+            e = self._entries.get(p)
+            if e is None or e.expires_at != when:
+                heapq.heappop(heap)  # stale: replaced or gone
+            elif p == self.self_id:
+                mine.append(heapq.heappop(heap))
+            else:
+                victim = p
+                break
+        for item in mine:
+            heapq.heappush(heap, item)
+        if victim is None:
             return False
-        victim = min(victims, key=lambda e: (e.expires_at, e.peer))
-        del self._entries[victim.peer]
+        heapq.heappop(heap)
+        del self._entries[victim]
         self._sorted_cache = None
         self._version += 1
         return True
