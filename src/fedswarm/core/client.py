@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 A job is split into shards. Open shards are auctioned in *rounds*: the
 client picks about twice as many candidates as shards (Sparrow's d) from
-its view (see below), sends each a ``CallForBids`` carrying the tenant-signed ``JobSpec``, and
-collects ``Bid``s for ``bid_window_s`` (or until every invitee answered).
-It then awards each shard to the bid minimising
+its view (see below), sends each a ``CallForBids`` carrying the
+tenant-signed ``JobSpec``, and collects ``Bid``s for ``bid_window_s`` (or
+until every invitee answered). It then awards each shard to the bid minimising
 
     weight * estimated_finish + lam * (energy_j + carbon_weight * carbon_g)
 
@@ -51,6 +51,7 @@ from typing import Any
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
 from .events import TOPIC_ACCUSATIONS, Effect, Input, JobFinished, MessageReceived, Publish, Send, ShardDelivered
+from .fairness import deadline_left
 from .identity import Identity
 from .node import Node
 from .slots import fill, start_after
@@ -165,6 +166,13 @@ class _Job:
     asked: set[str] = field(default_factory=set)
     rebids: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+
+
+def _newest_half(d: dict[str, Any]) -> dict[str, Any]:
+    """The more recently updated half of a per-peer map whose values start
+    with the time of their update. Peers that left never send the newer
+    state that would clear their entry, so such maps are cut this way."""
+    return dict(sorted(d.items(), key=lambda kv: (kv[1][0], kv[0]))[len(d) // 2 :])
 
 
 def _speed(throughput: dict[str, float], task: str) -> float:
@@ -575,23 +583,17 @@ class ClientCore(Node):
             return self._close_round(now, job) + self._advance(now, job)
         return []
 
-    def _deadline_left(self, job: _Job, shards: tuple[int, ...], now: float) -> float:
-        """Time left to the deadline for a round's shards (a chain's deadline
-        is shared by the shards still to come, as peers assume)."""
-        spec = job.spec
-        if spec.deadline_s is None:
-            return math.inf
-        left = job.submitted_at + spec.deadline_s - now
-        if spec.chain:
-            left /= max(spec.shards - min(shards), 1)
-        return left
+    @staticmethod
+    def _left(job: _Job, shards: tuple[int, ...], now: float) -> float:
+        """Time left to the deadline for a round's shards (inf: none)."""
+        left = deadline_left(job.spec, min(shards), now)
+        return math.inf if left is None else left
 
     def _remember(self, now: float, peer: str, bid: Bid, deadline: bool) -> None:
         """A bid is news about its peer, fresher than the peer's state."""
         self._news[peer] = (now, bid.start_s, deadline)
         if len(self._news) > self.config.max_view:
-            keep = sorted(self._news.items(), key=lambda kv: (kv[1][0], kv[0]))[len(self._news) // 2 :]
-            self._news = dict(keep)
+            self._news = _newest_half(self._news)
 
     def _awarded_since(self, peer: str, t: float) -> int:
         pend = self._pending.get(peer)
@@ -611,7 +613,7 @@ class ClientCore(Node):
         spec = job.spec
         asked = job.asked | rnd.invited
         alt = min((self._eta(spec, e, now) for e in self._eligible(spec, now) if e.peer not in asked), default=math.inf)
-        left = self._deadline_left(job, rnd.shards, now)
+        left = self._left(job, rnd.shards, now)
         if best > left >= alt:
             return True
         return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
@@ -647,7 +649,7 @@ class ClientCore(Node):
         # its bid: the bid may not count them
         unseen = {p: self._awarded_since(p, at) for p, (_, at) in bids.items()}
         awarded_any = False
-        left = self._deadline_left(job, rnd.shards, now)
+        left = self._left(job, rnd.shards, now)
         for i in rnd.shards:
             sh = job.shards[i]
             if sh.state != ShardState.BIDDING or sh.round != rnd.id:
@@ -675,10 +677,7 @@ class ClientCore(Node):
                 held.append((bid.run_s, max(spec.gpus, 1), now))
             self._pending[peer] = (now, held)
             if len(self._pending) > self.config.max_view:
-                # peers that left never get a newer state to clear their
-                # entry: keep the most recent half
-                keep = sorted(self._pending.items(), key=lambda kv: (kv[1][0], kv[0]))[len(self._pending) // 2 :]
-                self._pending = dict(keep)
+                self._pending = _newest_half(self._pending)
             self._move(sh, "award")
             sh.peer = peer
             sh.holders[sh.attempt] = peer

@@ -26,8 +26,12 @@ shards starve it, e.g. a 2.2 s job waiting 270 s on a busy 8-GPU peer.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-__all__ = ["alone_time", "estimate_rho", "priority", "URGENT_SLACK"]
+if TYPE_CHECKING:
+    from .wire import JobSpec
+
+__all__ = ["alone_time", "deadline_left", "estimate_rho", "priority", "URGENT_SLACK"]
 
 URGENT_SLACK = 2.0  # run times of slack below which a shard with a deadline jumps the queue
 
@@ -38,6 +42,18 @@ def alone_time(work_s: float, shards: int, gpus: int, chain: bool, swarm_slots: 
     floor = work_s * shards if chain else work_s
     fluid = work_s * shards * max(gpus, 1) / share
     return max(floor, fluid, 1e-9)
+
+
+def deadline_left(job: "JobSpec", shard: int, now: float) -> float | None:
+    """Seconds left to the deadline of ``shard`` (None: no deadline). A
+    chain's deadline is shared by the shards still to come, this one
+    included; clients and peers both count it so."""
+    if job.deadline_s is None:
+        return None
+    left = job.submitted_at + job.deadline_s - now
+    if job.chain:
+        left /= max(job.shards - shard, 1)
+    return left
 
 
 def estimate_rho(elapsed_s: float, ahead_s: float, t_alone: float) -> float:

@@ -65,7 +65,7 @@ from .events import (
     SetLevel,
     ShardFinished,
 )
-from .fairness import alone_time, estimate_rho, priority
+from .fairness import alone_time, deadline_left, estimate_rho, priority
 from .identity import Identity
 from .membership import check_membership
 from .node import Node
@@ -476,16 +476,6 @@ class PeerCore(Node):
         util = min(ctx.util, 0.95)
         return job.weight * (1.0 + self._queued / self.config.slots) / (1.0 - util)
 
-    def _deadline_left(self, job: JobSpec, shard: int, now: float) -> float | None:
-        """Seconds left to the deadline of one shard (a chain's deadline is
-        shared by the shards still to come)."""
-        if job.deadline_s is None:
-            return None
-        left = job.submitted_at + job.deadline_s - now
-        if job.chain:
-            left /= max(job.shards - shard, 1)
-        return left
-
     def _prio(
         self, job: JobSpec, tenant: str, ctx: "_PrioContext", ahead_s: float, shard: int = 0
     ) -> tuple[float, float, float]:
@@ -500,7 +490,7 @@ class PeerCore(Node):
             remaining_s=job.work_s,
             arrival=job.submitted_at,
             knob=c.fairness_knob,
-            deadline_left_s=self._deadline_left(job, shard, ctx.now),
+            deadline_left_s=deadline_left(job, shard, ctx.now),
             run_s=job.work_s / self._speed(job.task),
         )
 
@@ -541,10 +531,7 @@ class PeerCore(Node):
         ctx = self._context(now)  # one scan of the view serves the wait and the price of time
         wait = self._wait_estimate(job, tenant, ctx, min(cfb.shards))
         work = job.work_s / self._speed(job.task)
-        deadline = None if job.deadline_s is None else job.submitted_at + job.deadline_s - now
-        if deadline is not None and job.chain:
-            # a chain's deadline covers the shards still to come: this one gets its share
-            deadline /= max(job.shards - min(cfb.shards), 1)
+        deadline = deadline_left(job, min(cfb.shards), now)
         choice = choose_level(
             self.config.power,
             work,
@@ -731,7 +718,7 @@ class PeerCore(Node):
         longer meets the deadline (it waited longer than its bid said), take
         the level that does, or the fastest."""
         top = self.config.power.allowed_levels()[-1]
-        left = self._deadline_left(lease.job, lease.key[2], now)
+        left = deadline_left(lease.job, lease.key[2], now)
         if left is None or lease.level >= top or lease.run_s <= DEADLINE_MARGIN * left:
             return
         work = lease.run_s * lease.level
