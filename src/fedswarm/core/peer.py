@@ -703,15 +703,18 @@ class PeerCore(Node):
             if lease.state != LeaseState.RUNNING or lease.level >= top:
                 continue
             done = min(max(now - lease.started_at, 0.0), lease.run_s)
-            left = (lease.run_s - done) * lease.level / top
-            if lease.tenant in self._tenant_load:
-                self._tenant_load[lease.tenant] -= (lease.run_s - done - left) * max(lease.job.gpus, 1)
-            lease.run_s = done + left
-            lease.level = top
+            self._retime(lease, top, done + (lease.run_s - done) * lease.level / top)
             t, j, s, a = lease.key
-            self.stats["levels_raised"] += 1
             out.append(SetLevel(t, j, s, a, top, lease.run_s))
         return out
+
+    def _retime(self, lease: _Lease, level: float, run_s: float) -> None:
+        """A lease's shard runs at ``level`` and takes ``run_s`` in all; the
+        tenant's load here shrinks by the time saved."""
+        if lease.tenant in self._tenant_load:
+            self._tenant_load[lease.tenant] -= (lease.run_s - run_s) * max(lease.job.gpus, 1)
+        lease.level, lease.run_s = level, run_s
+        self.stats["levels_raised"] += 1
 
     def _fit_deadline(self, lease: _Lease, now: float) -> None:
         """Before a slowed-down shard with a deadline starts: if its level no
@@ -726,13 +729,10 @@ class PeerCore(Node):
                          carbon_g_kwh=self.config.carbon_g_kwh)
         if c.level <= lease.level:
             return
+        self._retime(lease, c.level, c.run_s)
         gpus = max(lease.job.gpus, 1)
-        if lease.tenant in self._tenant_load:
-            self._tenant_load[lease.tenant] -= (lease.run_s - c.run_s) * gpus
-        lease.level, lease.run_s = c.level, c.run_s
         lease.energy_j = c.energy_j * gpus
         lease.carbon_g = c.carbon_g * gpus
-        self.stats["levels_raised"] += 1
 
     def _schedule(self, now: float) -> list[Effect]:
         free = self.config.slots - self._busy_slots
