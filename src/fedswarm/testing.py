@@ -56,6 +56,8 @@ class MiniSwarm:
     slow: dict[int, float] = field(default_factory=dict)
     #: (sender, Send) -> True to drop that message (targeted loss)
     drop: Callable[[str, Send], bool] | None = None
+    #: (sender, Send) -> extra seconds that message takes (targeted delay)
+    delay: Callable[[str, Send], float] | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -112,8 +114,9 @@ class MiniSwarm:
                 if lost or (self.drop is not None and self.drop(src, e)):
                     continue
                 copies = 2 if self.rng.random() < self.dup else 1
+                extra = self.delay(src, e) if self.delay is not None else 0.0
                 for c in range(copies):
-                    self._push(self.now + self.latency * (1 + c + self.rng.random()), ("msg", src, e.to, e.data))
+                    self._push(self.now + extra + self.latency * (1 + c + self.rng.random()), ("msg", src, e.to, e.data))
             elif isinstance(e, Publish):
                 for pid in sorted(self.peers):
                     if pid != src:

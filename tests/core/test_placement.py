@@ -126,7 +126,7 @@ def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
     s.step_until(s.now + 30)
     c = s.add_client()
     s.step_until(s.now + 10)
-    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1, s.now - 1000.0 + i)]) for i in range(100)})
+    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1, s.now - 1000.0 + i, "j", 0, 0)]) for i in range(100)})
     jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=50.0))
     s._perform(c.id, eff)
     s.step_until(s.now + 3)
@@ -186,6 +186,32 @@ def test_awards_made_after_a_bid_count_against_it() -> None:
     ran_on = {next(d.peer for d in s.delivered if d.job_id == j) for j in jobs}
     assert len(ran_on) == 2
     assert s.now - t0 < 35.0
+
+
+def test_unconfirmed_awards_sent_before_a_call_count_against_the_bid() -> None:
+    # job 1 is awarded to the fast peer, but that award is slow on the wire;
+    # job 2's call for bids, sent just after, overtakes it, so the fast peer
+    # bids "start now" for job 2 too. Job 2 belongs on the other peer (20 s
+    # there against 15 s behind job 1's 50 s on the fast one).
+    s = MiniSwarm(2, seed=6, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 2.0 if i == 0 else 1.5}),
+                  client_config=ClientConfig(verify="none", probe_min=2))
+    fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
+    s.delay = lambda src, e: 1.0 if e.kind == "Award" and e.to == fast else 0.0
+    s.step_until(s.now + 20)
+    c = s.add_client()
+    s.step_until(s.now + 10)
+    j1, eff = c.submit(s.now, JobRequest("sim", 1, work_s=100.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5, stop=lambda: c.stats["awards_sent"] >= 1)
+    t0 = s.now
+    j2, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 300, stop=lambda: j2 in s.finished)
+    took = s.now - t0
+    s.step_until(s.now + 300, stop=lambda: j1 in s.finished)
+    ran = {d.job_id: d.peer for d in s.delivered}
+    assert ran[j1] == fast and ran[j2] != fast
+    assert took < 25.0
 
 
 def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_needs() -> None:

@@ -146,6 +146,9 @@ class _Round:
     invited: set[str]
     close_at: float
     bids: dict[str, Bid] = field(default_factory=dict)
+    # per bidder: awards this client sent it before the call that it had not
+    # confirmed when its bid came (they may have been in flight)
+    unconfirmed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -162,7 +165,7 @@ class _Job:
     next_round_id: int = 0
     finished_at: float = 0.0
     # a second look: bids kept from the rounds re-run, and who was asked
-    carried: dict[str, tuple[Bid, float]] = field(default_factory=dict)
+    carried: dict[str, tuple[Bid, float, int]] = field(default_factory=dict)
     asked: set[str] = field(default_factory=set)
     rebids: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -216,9 +219,9 @@ class ClientCore(Node):
         self._award_heap: list[tuple[float, str, int, int, float, int]] = []
         self._next_gossip = 0.0
         self._counter = 0
-        #: peer -> (last award time, (run seconds, slots, when) of each shard
-        #: awarded there since its state was issued)
-        self._pending: dict[str, tuple[float, list[tuple[float, int, float]]]] = {}
+        #: peer -> (last award time, [(run seconds, slots, sent at, job_id,
+        #: shard, attempt)] of each shard awarded there since its state was issued)
+        self._pending: dict[str, tuple[float, list[tuple[float, int, float, str, int, int]]]] = {}
         #: peer -> (time, seconds to start, for a job with a deadline) its
         #: last bid said: fresher than its state
         self._news: dict[str, tuple[float, float, bool]] = {}
@@ -512,7 +515,7 @@ class ClientCore(Node):
             if e.issued_at > pend[0] + self.config.bid_window_s:
                 del self._pending[e.peer]  # a newer state already counts them
             else:
-                awarded = [(r, h) for r, h, _ in pend[1]]
+                awarded = [(a[0], a[1]) for a in pend[1]]
         if st.free_s and len(st.free_s) == st.slots:
             queued = 0.0
             if spec.deadline_s is None:
@@ -578,6 +581,7 @@ class ClientCore(Node):
         if not set(bid.shards) <= set(rnd.shards):
             raise RemoteProtocolError("no-such-shard", bid.job_id)
         rnd.bids[signed.author] = bid
+        rnd.unconfirmed[signed.author] = self._unconfirmed(signed.author, rnd.close_at - self.config.bid_window_s)
         self.stats["bids_received"] += 1
         if len(rnd.bids) >= len(rnd.invited):
             return self._close_round(now, job) + self._advance(now, job)
@@ -597,7 +601,26 @@ class ClientCore(Node):
 
     def _awarded_since(self, peer: str, t: float) -> int:
         pend = self._pending.get(peer)
-        return 0 if pend is None or pend[0] < t else sum(1 for _, _, when in pend[1] if when >= t)
+        return 0 if pend is None or pend[0] < t else sum(1 for a in pend[1] if a[2] >= t)
+
+    def _unconfirmed(self, peer: str, t: float) -> int:
+        """Awards sent to ``peer`` before ``t`` that it has not confirmed
+        (no renewal yet): a bid it made may not count them, since a small
+        call for bids can overtake a large award on the wire."""
+        pend = self._pending.get(peer)
+        if pend is None:
+            return 0
+        n = 0
+        for _, _, when, jid, idx, attempt in pend[1]:
+            if when >= t:
+                continue
+            job = self._active.get(jid)
+            if job is None:
+                continue
+            sh = job.shards[idx]
+            if sh.award is not None and sh.attempt == attempt and sh.peer == peer and sh.state == ShardState.AWARDED:
+                n += 1
+        return n
 
     def _second_look(self, now: float, job: _Job, rnd: _Round, bids: dict[str, Bid]) -> bool:
         """Whether the best bid finishes so much later than the view promises
@@ -628,8 +651,8 @@ class ClientCore(Node):
             self._remember(now, peer, bid, spec.deadline_s is not None)
         # (bid, when its call went out): awards sent since may not be in it
         called = rnd.close_at - self.config.bid_window_s
-        bids = {**job.carried, **{p: (b, called) for p, b in rnd.bids.items()}}
-        if self._second_look(now, job, rnd, {p: b for p, (b, _) in bids.items()}):
+        bids = {**job.carried, **{p: (b, called, rnd.unconfirmed.get(p, 0)) for p, b in rnd.bids.items()}}
+        if self._second_look(now, job, rnd, {p: v[0] for p, v in bids.items()}):
             job.carried = bids
             job.asked |= rnd.invited
             job.rebids += 1
@@ -644,10 +667,11 @@ class ClientCore(Node):
         job.asked = set()
         job.rebids = 0
         assigned: dict[str, int] = {}
-        bidders = sorted((p, b) for p, (b, _) in bids.items())
-        # shards this client gave a bidder (for other jobs) after calling for
-        # its bid: the bid may not count them
-        unseen = {p: self._awarded_since(p, at) for p, (_, at) in bids.items()}
+        bidders = sorted((p, v[0]) for p, v in bids.items())
+        # shards this client gave a bidder (for other jobs) that its bid may
+        # not count: those sent after the call, and those sent before it
+        # that the bidder had not confirmed when it bid
+        unseen = {p: self._awarded_since(p, at) + early for p, (_, at, early) in bids.items()}
         awarded_any = False
         left = self._left(job, rnd.shards, now)
         for i in rnd.shards:
@@ -674,7 +698,7 @@ class ClientCore(Node):
             pend = self._pending.get(peer)
             held = pend[1] if pend is not None else []
             if len(held) < _MAX_PENDING:
-                held.append((bid.run_s, max(spec.gpus, 1), now))
+                held.append((bid.run_s, max(spec.gpus, 1), now, spec.job_id, i, sh.attempt))
             self._pending[peer] = (now, held)
             if len(self._pending) > self.config.max_view:
                 self._pending = _newest_half(self._pending)
@@ -692,8 +716,8 @@ class ClientCore(Node):
             self.stats["awards_sent"] += 1
             award = Award(job.raw, peer, i, sh.attempt, self.config.lease_s, bid.level)
             out.append(self._send(peer, award, now))
+            sh.award = award
             if self.config.award_resend_s > 0:
-                sh.award = award
                 heapq.heappush(self._award_heap, (now + self.config.award_resend_s, job.spec.job_id, i, sh.attempt,
                                                   sh.lease_until, 0))
         if awarded_any:
