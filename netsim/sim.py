@@ -111,7 +111,7 @@ class Simulator:
         self.churn_rng = random.Random(master.getrandbits(64))
         self.place_rng = random.Random(master.getrandbits(64))
         work_rng = random.Random(master.getrandbits(64))
-        self.net = replace(scenario.network, seed=master.getrandbits(64), _links={})
+        self.net = replace(scenario.network, seed=master.getrandbits(64))
         self.fault_rng = random.Random(master.getrandbits(64))
         self.cache = VerifyCache(capacity=1 << 18)
         self.fast = fast
