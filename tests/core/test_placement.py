@@ -214,6 +214,40 @@ def test_unconfirmed_awards_sent_before_a_call_count_against_the_bid() -> None:
     assert took < 25.0
 
 
+def test_a_bid_from_a_peer_with_unseen_awards_is_floored_by_the_clients_own_replay() -> None:
+    # the fast peer has 2 slots: job 1 holds one (confirmed), job 2's award
+    # is on the wire when job 3's call arrives, so the fast peer bids "start
+    # now" for job 3 on the slot job 2 is about to take. Spreading the one
+    # unseen award over both slots would say job 3 starts at once there;
+    # the client's own replay says it waits for job 1 or 2 (about 50 s).
+    s = MiniSwarm(2, seed=6, peer_config=lambda i: PeerConfig(slots=2, throughput={"*": 2.0 if i == 0 else 1.5}),
+                  client_config=ClientConfig(verify="none", probe_min=2))
+    fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
+    slow_wire = {"on": False}
+    s.delay = lambda src, e: 1.0 if slow_wire["on"] and e.kind == "Award" and e.to == fast else 0.0
+    s.step_until(s.now + 20)
+    c = s.add_client()
+    s.step_until(s.now + 10)
+    jobs = []
+    for n in (1, 2):
+        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=100.0))
+        s._perform(c.id, eff)
+        jobs.append(jid)
+        slow_wire["on"] = n == 2
+        s.step_until(s.now + 5, stop=lambda: c.stats["awards_sent"] >= n)
+        if n == 1:
+            s.step_until(s.now + 1)  # job 1's award confirmed
+    t0 = s.now
+    j3, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 300, stop=lambda: j3 in s.finished)
+    took = s.now - t0
+    s.step_until(s.now + 300, stop=lambda: all(j in s.finished for j in jobs))
+    ran = {d.job_id: d.peer for d in s.delivered}
+    assert ran[jobs[0]] == fast and ran[jobs[1]] == fast and ran[j3] != fast
+    assert took < 25.0
+
+
 def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_needs() -> None:
     # peer runs shards twice as slowly as it expects, so the second shard
     # starts later than its bid said: the slow clock it won with (0.6, fine

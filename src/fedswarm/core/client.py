@@ -674,26 +674,40 @@ class ClientCore(Node):
         unseen = {p: self._awarded_since(p, at) + early for p, (_, at, early) in bids.items()}
         awarded_any = False
         left = self._left(job, rnd.shards, now)
+
+        def finish_on(peer: str, bid: Bid, k: int) -> float:
+            # k shards ahead that the bid did not count, spread on all slots
+            finish = bid.start_s + (k // bid.slots + 1) * bid.run_s
+            if unseen[peer]:
+                # the bid's start is for the slots free when it was made;
+                # unseen awards may take exactly those. This client's own
+                # replay of the peer's queue (view + its awards since) is
+                # the floor.
+                e = self.view.get(peer)
+                if e is not None:
+                    full = spec.work_s / _speed(e.state.throughput, spec.task)
+                    finish = max(finish, self._eta(spec, e, now) - full + bid.run_s)
+            return finish
+
         for i in rnd.shards:
             sh = job.shards[i]
             if sh.state != ShardState.BIDDING or sh.round != rnd.id:
                 continue
             # order: a trusted second opinion (settles a shard at once), then
             # bids that meet the deadline, then weighted finish + lam * energy
-            best: tuple[tuple[bool, bool, float, str], Bid] | None = None
+            best: tuple[tuple[bool, bool, float, str], Bid, float] | None = None
             for peer, bid in bidders:
                 if i not in bid.shards or peer in sh.exclude or peer in self.banned:
                     continue
-                k = assigned.get(peer, 0) + unseen[peer]
-                finish = bid.start_s + (k // bid.slots + 1) * bid.run_s
+                finish = finish_on(peer, bid, assigned.get(peer, 0) + unseen[peer])
                 cost = spec.weight * finish + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g)
                 key = (not (sh.candidates and self.is_trusted(peer)), finish > left, cost, peer)
                 if best is None or key < best[0]:
-                    best = (key, bid)
+                    best = (key, bid, finish)
             if best is None:
                 self._move(sh, "no-bid")
                 continue
-            peer, bid = best[0][3], best[1]
+            peer, bid, expect = best[0][3], best[1], best[2]
             assigned[peer] = assigned.get(peer, 0) + 1
             pend = self._pending.get(peer)
             held = pend[1] if pend is not None else []
@@ -708,8 +722,6 @@ class ClientCore(Node):
             sh.live.add(sh.attempt)
             self._set_lease(sh, job.spec.job_id, now + self.config.lease_s + self.config.bid_window_s)
             if self.config.straggler_factor > 0 and sh.backups < self.config.max_backups:
-                k = assigned[peer] - 1 + unseen[peer]
-                expect = bid.start_s + (k // bid.slots + 1) * bid.run_s
                 late = now + self.config.straggler_factor * expect + self.config.straggler_min_s
                 heapq.heappush(self._straggle_heap, (late, job.spec.job_id, sh.index, sh.attempt))
             awarded_any = True
