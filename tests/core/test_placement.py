@@ -102,6 +102,10 @@ def test_priced_energy_slows_down_when_idle_and_races_behind_a_queue() -> None:
     # ... and finishes its remaining work at that clock: 3 s at 0.6 then
     # 8.2 s at 1.0, instead of 16.7 s at 0.6
     assert s.finished[first].ok and s.now - t0 < 13.0
+    # MiniSwarm's executor measures no energy, so the peer reports its own
+    # estimate: part of the work at each clock, between the two extremes
+    (got,) = [d.energy_j for d in s.delivered if d.job_id == first]
+    assert A100.energy(10.0, 0.6) + 1.0 < got < A100.energy(10.0, 1.0) - 1.0
     # ... and a new priced shard behind the queue is not slowed down
     late, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, lam=0.01))
     s._perform(c.id, eff)

@@ -697,12 +697,18 @@ class PeerCore(Node):
         outweighs the energy saved. The remaining work is done at the new
         clock, and the lease's ETA (what renewals report) follows.
         """
-        top = self.config.power.allowed_levels()[-1]
+        power = self.config.power
+        top = power.allowed_levels()[-1]
         out: list[Effect] = []
         for lease in self.leases.values():
             if lease.state != LeaseState.RUNNING or lease.level >= top:
                 continue
             done = min(max(now - lease.started_at, 0.0), lease.run_s)
+            # the estimate reported when the executor measures no energy:
+            # the work done so far at the old clock, the rest at the top
+            work_done, work_left = done * lease.level, (lease.run_s - done) * lease.level
+            e = (power.energy(work_done, lease.level) + power.energy(work_left, top)) * max(lease.job.gpus, 1)
+            lease.energy_j, lease.carbon_g = e, e / 3.6e6 * self.config.carbon_g_kwh
             self._retime(lease, top, done + (lease.run_s - done) * lease.level / top)
             t, j, s, a = lease.key
             out.append(SetLevel(t, j, s, a, top, lease.run_s))
