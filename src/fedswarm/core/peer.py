@@ -117,8 +117,7 @@ class _Lease:
     job_raw: bytes
     level: float
     run_s: float
-    energy_j: float
-    carbon_g: float
+    energy_j: float  # estimate, reported when the executor measures none
     accepted_at: float
     last_ack_at: float
     next_renew_at: float
@@ -589,7 +588,6 @@ class PeerCore(Node):
             level=award.level,
             run_s=run_s,
             energy_j=e,
-            carbon_g=e / 3.6e6 * self.config.carbon_g_kwh,
             accepted_at=now,
             last_ack_at=now,
             next_renew_at=now,  # tell the client at once that we hold it
@@ -704,22 +702,20 @@ class PeerCore(Node):
             if lease.state != LeaseState.RUNNING or lease.level >= top:
                 continue
             done = min(max(now - lease.started_at, 0.0), lease.run_s)
-            # the estimate reported when the executor measures no energy:
             # the work done so far at the old clock, the rest at the top
             work_done, work_left = done * lease.level, (lease.run_s - done) * lease.level
             e = (power.energy(work_done, lease.level) + power.energy(work_left, top)) * max(lease.job.gpus, 1)
-            lease.energy_j, lease.carbon_g = e, e / 3.6e6 * self.config.carbon_g_kwh
-            self._retime(lease, top, done + (lease.run_s - done) * lease.level / top)
+            self._retime(lease, top, done + (lease.run_s - done) * lease.level / top, e)
             t, j, s, a = lease.key
             out.append(SetLevel(t, j, s, a, top, lease.run_s))
         return out
 
-    def _retime(self, lease: _Lease, level: float, run_s: float) -> None:
-        """A lease's shard runs at ``level`` and takes ``run_s`` in all; the
-        tenant's load here shrinks by the time saved."""
+    def _retime(self, lease: _Lease, level: float, run_s: float, energy_j: float) -> None:
+        """A lease's shard runs at ``level``, takes ``run_s`` and draws
+        ``energy_j`` in all; the tenant's load here shrinks by the time saved."""
         if lease.tenant in self._tenant_load:
             self._tenant_load[lease.tenant] -= (lease.run_s - run_s) * max(lease.job.gpus, 1)
-        lease.level, lease.run_s = level, run_s
+        lease.level, lease.run_s, lease.energy_j = level, run_s, energy_j
         self.stats["levels_raised"] += 1
 
     def _fit_deadline(self, lease: _Lease, now: float) -> None:
@@ -735,10 +731,7 @@ class PeerCore(Node):
                          carbon_g_kwh=self.config.carbon_g_kwh)
         if c.level <= lease.level:
             return
-        self._retime(lease, c.level, c.run_s)
-        gpus = max(lease.job.gpus, 1)
-        lease.energy_j = c.energy_j * gpus
-        lease.carbon_g = c.carbon_g * gpus
+        self._retime(lease, c.level, c.run_s, c.energy_j * max(lease.job.gpus, 1))
 
     def _schedule(self, now: float) -> list[Effect]:
         free = self.config.slots - self._busy_slots
