@@ -219,3 +219,39 @@ def test_a_repeated_award_is_answered_with_a_renewal_and_runs_once() -> None:
     (peer,) = s.peers.values()
     assert c.stats["awards_resent"] == 1 and peer.stats["awards_duplicate"] == 1
     assert peer.stats["shards_started"] == 1 and took < 12.0
+
+
+def _cut_off_run(who: str) -> tuple[ClientCore, str]:
+    """A 20 s shard runs on one of 3 peers; for 30 s either the client or the
+    holder is cut off from everyone, so the lease (10 s) lapses at the client."""
+    s = MiniSwarm(3, seed=4, client_config=ClientConfig(verify="none"))
+    window = [float("inf"), float("inf")]
+    holder = [""]
+
+    def cut(src: str, e: Send) -> bool:
+        if not window[0] <= s.now < window[1]:
+            return False
+        node = c.id if who == "client" else holder[0]
+        return node in (src, e.to)
+
+    s.drop = cut
+    s.step_until(s.now + 10)
+    c = s.add_client()
+    s.step_until(s.now + 10)
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=20.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5)  # awarded and running
+    holder[0] = c.jobs[jid].shards[0].peer
+    assert holder[0] and any(s.peers[holder[0]].leases)
+    window[:] = [s.now, s.now + 30.0]
+    s.step_until(s.now + 30.0)
+    assert c.stats["leases_lapsed"] >= 1
+    return c, holder[0]
+
+
+def test_a_client_cut_off_itself_does_not_blame_the_holders() -> None:
+    c, holder = _cut_off_run("client")
+    assert holder not in c._suspect and c.stats["leases_lapsed_cut_off"] >= 1
+    # the same lapse with the client's own link fine: the holder went quiet
+    c, holder = _cut_off_run("peer")
+    assert holder in c._suspect and c.stats["leases_lapsed_cut_off"] == 0

@@ -207,6 +207,7 @@ class ClientCore(Node):
         self.config = config
         self.jobs: dict[str, _Job] = {}
         self._suspect: dict[str, float] = {}
+        self._last_heard = -math.inf  # when a valid message last arrived
         #: agreed results per untrusted peer (drives how often it is checked)
         self.reputation: dict[str, float] = {}
         self._accused: set[str] = set()  # peers accused with a trusted witness
@@ -282,6 +283,7 @@ class ClientCore(Node):
         signed = self._receive(now, inp.sender, inp.data)
         if signed is None:
             return []
+        self._last_heard = now
         msg = signed.msg
         try:
             if isinstance(msg, Gossip):
@@ -321,7 +323,11 @@ class ClientCore(Node):
             if found is not None:
                 job, sh = found
                 self.stats["leases_lapsed"] += 1
-                self._suspect[sh.peer] = now + self.config.suspect_s
+                if now - self._last_heard < self.config.lease_s / 2:
+                    # others still reach us: the holder, not our link, went quiet
+                    self._suspect[sh.peer] = now + self.config.suspect_s
+                else:
+                    self.stats["leases_lapsed_cut_off"] += 1
                 self._reopen(job, sh)
         aheap = self._award_heap
         while aheap and aheap[0][0] <= now:

@@ -84,7 +84,7 @@ class ClientConfig:
     pull_entries: int = 128  # view entries asked of a peer per gossip pull (<= 255)
     max_view: int = 1024
     max_skew_s: float = 60.0
-    suspect_s: float = 60.0  # a peer whose lease lapsed is not invited for this long
+    suspect_s: float = 60.0  # a peer whose lease lapsed (while others reached us) is not invited for this long
     min_trust: str = ""  # "datacenter": only trusted peers are invited
     carbon_weight: float = 0.0  # joules-equivalent per gram of CO2 in the award rule
     # -- second looks: the best bid is far worse than the view promised elsewhere
