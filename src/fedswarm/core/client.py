@@ -680,6 +680,9 @@ class ClientCore(Node):
         unseen = {p: self._awarded_since(p, at) + early for p, (_, at, early) in bids.items()}
         awarded_any = False
         left = self._left(job, rnd.shards, now)
+        # per bidder with unseen awards: the wait this client's own replay of
+        # its queue says (it changes only when a shard is awarded there)
+        floor: dict[str, float] = {}
 
         def finish_on(peer: str, bid: Bid, k: int) -> float:
             # k shards ahead that the bid did not count, spread on all slots
@@ -689,10 +692,14 @@ class ClientCore(Node):
                 # unseen awards may take exactly those. This client's own
                 # replay of the peer's queue (view + its awards since) is
                 # the floor.
-                e = self.view.get(peer)
-                if e is not None:
-                    full = spec.work_s / _speed(e.state.throughput, spec.task)
-                    finish = max(finish, self._eta(spec, e, now) - full + bid.run_s)
+                wait = floor.get(peer)
+                if wait is None:
+                    e = self.view.get(peer)
+                    wait = -math.inf
+                    if e is not None:
+                        wait = self._eta(spec, e, now) - spec.work_s / _speed(e.state.throughput, spec.task)
+                    floor[peer] = wait
+                finish = max(finish, wait + bid.run_s)
             return finish
 
         for i in rnd.shards:
@@ -715,6 +722,7 @@ class ClientCore(Node):
                 continue
             peer, bid, expect = best[0][3], best[1], best[2]
             assigned[peer] = assigned.get(peer, 0) + 1
+            floor.pop(peer, None)  # its queue has one more shard
             pend = self._pending.get(peer)
             held = pend[1] if pend is not None else []
             if len(held) < _MAX_PENDING:
