@@ -33,8 +33,19 @@ Common rules, so the comparison is about placement only:
 * the frequency level of a shard on a peer is ``core.energy.choose_level``
   with the peer's profile config (the same rule a fedswarm peer applies,
   deadline included; ``race_to_idle`` from the scenario's ``[peer]``);
-* scheduling messages are delivered instantly and never lost (an optimistic
-  bound for the baselines);
+* scheduling messages cross the scenario's network: each one takes the
+  one-way latency of its link (the same per-link draw as fedswarm's
+  messages, plus exponential jitter), and none is lost. ``centralized``,
+  ``fifo`` and ``random`` have one scheduler, placed in the scenario's
+  largest region; ``sparrow``'s job schedulers sit at the tenants' clients.
+  A shard's path is submit (client to scheduler), assign (scheduler to
+  peer), completion (peer to scheduler) and result (peer to client); a job
+  finishes when the client has every result. The centralized scheduler
+  sees a slot free only when the completion reaches it, and holds the slot
+  from the moment it assigns it. Sparrow's peer holds the slot while it
+  asks for a task (late binding);
+* the ``-instant`` variant of each (``centralized-instant``, ...) delivers
+  every scheduling message at once: an optimistic bound no swarm reaches;
 * a crashed peer's running and queued shards are re-queued when the
   scheduler notices, ``ClientConfig.lease_s`` after the crash (heartbeat
   timeout); a leaving peer hands back queued shards at once and running ones
@@ -63,9 +74,12 @@ from .workload import TraceJob
 
 __all__ = ["BASELINES", "BaselineSim", "run_baseline"]
 
-BASELINES = ("centralized", "fifo", "random", "sparrow")
+_KINDS = ("centralized", "fifo", "random", "sparrow")
+BASELINES = _KINDS + tuple(f"{k}-instant" for k in _KINDS)
 
 ARRIVE, PSTART, CRASH, LEAVE, LEAVE_END, JOIN, FIN, DETECT = range(8)
+# networked baselines: a message reaches its destination
+SCHED_ARRIVE, ASSIGN_AT, DONE_AT, RESULT_AT, RESV_AT, LB_REQ, LB_REPLY = range(8, 15)
 
 
 class _Run(NamedTuple):  # what Simulator.results reads of a running shard (+ its end)
@@ -95,6 +109,7 @@ class _Job:
     started: int = 0  # shards ever started (for the unstarted-work estimate)
     done: set = field(default_factory=set)
     resv: int = 0  # sparrow: outstanding reservations
+    got: set = field(default_factory=set)  # shards whose result reached the client
 
 
 class BaselineSim:
@@ -103,12 +118,20 @@ class BaselineSim:
     def __init__(self, scenario: Scenario, seed: int, policy: str, *, jobs: list[TraceJob] | None = None) -> None:
         if policy not in BASELINES:
             raise ValueError(f"unknown baseline {policy!r}; one of {BASELINES}")
-        self.policy = policy
+        self.name = policy
+        self.netted = not policy.endswith("-instant")
+        self.policy = policy.removesuffix("-instant")
         self.sc = scenario
         self.seed = seed
         base = Simulator(scenario, seed, jobs=jobs)  # the same peers, churn draws and workload
         self.base = base  # never run; results() lends it this loop's state
-        self.rng = random.Random(f"baseline/{policy}/{seed}")
+        self.rng = random.Random(f"baseline/{self.policy}/{seed}")
+        self.net = base.net
+        self.net_rng = random.Random(f"baseline-net/{self.policy}/{seed}")
+        # the one scheduler (centralized, fifo, random): in the largest region
+        regions = scenario.regions or {"us": 1.0}
+        self.sched_at = ("scheduler", max(regions, key=lambda r: regions[r]))
+        self.client_at = {t: (c.id, c.region) for t, c in base.clients.items()}
         self.detect_s = ClientConfig(**scenario.client_overrides).lease_s
         self.q: list[tuple] = []
         self.seq = 0
@@ -158,6 +181,33 @@ class BaselineSim:
     def _msg(self, kind: str, n: int = 1) -> None:
         self.msgs += n
         self.msg_kinds[kind] += n
+
+    def _lat(self, a: tuple[str, str], b: tuple[str, str]) -> float:
+        """One-way delay of a scheduling message from ``a`` to ``b`` ((id,
+        region) each): the link's latency, as fedswarm's messages get it,
+        plus exponential jitter. Never lost."""
+        d = self.net.latency(a[0], b[0], a[1], b[1])
+        if self.net.jitter_ms > 0:
+            d += self.net_rng.expovariate(1000.0 / self.net.jitter_ms)
+        return d
+
+    @staticmethod
+    def _at(p: _Peer) -> tuple[str, str]:
+        return (p.rec.id, p.rec.region)
+
+    def _sched_of(self, job: _Job) -> tuple[str, str]:
+        """Where ``job``'s scheduler sits: sparrow's at the tenant's client."""
+        return self.client_at[job.tj.tenant] if self.policy == "sparrow" else self.sched_at
+
+    def _bounce(self, p: _Peer, items: list[tuple[str, int]], to: tuple[str, str]) -> None:
+        """Work sent to a peer that crashed, left or is leaving comes back to
+        its scheduler: a crash is noticed ``lease_s`` after it happened, a
+        leaving peer says so."""
+        if p.rec.fate == "crashed":
+            t = max(self.now, (p.rec.end_t or self.now) + self.detect_s)
+        else:
+            t = self.now + self._lat(self._at(p), to)
+        self._push(t, DETECT, items, None)
 
     def _add_peer(self, rec: NodeRec) -> _Peer:
         """Track a peer record of the unrun Simulator (its core never runs:
@@ -239,28 +289,40 @@ class BaselineSim:
                          carbon_g_kwh=p.cfg.carbon_g_kwh, time_weight=tj.weight, race_to_idle=p.cfg.race_to_idle)
         return c.level, c.run_s
 
-    def _start(self, p: _Peer, jid: str, shard: int) -> None:
+    def _start(self, p: _Peer, jid: str, shard: int, *, held: bool = False) -> None:
+        """Run a shard on ``p`` now; ``held``: its slot was taken (and the
+        shard counted as started) when it was assigned."""
         job = self.st[jid]
         g = max(job.tj.gpus_per_shard, 1)
         level, run_s = self._level(p, job, shard)
-        p.free -= g
-        if p.free <= 0:
-            self._free_ids.discard(p.rec.id)
+        if not held:
+            self._take(p, g)
+            job.started += 1
         self.gen += 1
         key = (jid, shard, self.gen)
         p.rec.running[key] = (self.gen, self.now, _Run(g, level, self.now + run_s))
-        job.started += 1
         self._push(self.now + run_s, FIN, p.rec.id, key)
 
-    def _account(self, p: _Peer, key: tuple, *, completed: bool) -> None:
+    def _take(self, p: _Peer, g: int) -> None:
+        p.free -= g
+        if p.free <= 0:
+            self._free_ids.discard(p.rec.id)
+
+    def _release(self, p: _Peer, g: int) -> None:
+        p.free += g
+        if p.rec.alive:
+            self._free_ids.add(p.rec.id)
+
+    def _account(self, p: _Peer, key: tuple, *, completed: bool, release: bool = True) -> int:
+        """The run ends: charge it; free its slot unless the scheduler is to
+        hear of it first (``release=False``). Returns its GPUs."""
         _, start, e = p.rec.running.pop(key)
         elapsed = max(self.now - start, 0.0)
         assert p.rec.profile is not None
         p.rec.busy_gpu_s += elapsed * e.gpus
         p.rec.busy_energy_j += p.rec.profile.power.power(e.level) * elapsed * e.gpus
-        p.free += e.gpus
-        if p.rec.alive:
-            self._free_ids.add(p.rec.id)
+        if release:
+            self._release(p, e.gpus)
         if completed:
             self.intervals.append((start, self.now, self.st[key[0]].tj.tenant, e.gpus))
             j = self.jobs[key[0]]
@@ -270,33 +332,59 @@ class BaselineSim:
             j.carbon_g += en / 3.6e6 * p.rec.profile.carbon_g_kwh
         else:
             self.wasted_gpu_s += elapsed * e.gpus
+        return e.gpus
 
     def _finish(self, pid: str, key: tuple) -> None:
+        """A shard's run ends on its peer."""
         p = self.peers[pid]
         if key not in p.rec.running or not p.rec.alive:
             return
         jid, shard, _ = key
-        self._account(p, key, completed=True)
+        job = self.st[jid]
+        # the centralized scheduler hands the slot out again once it hears
+        late = self.netted and self.policy == "centralized"
+        g = self._account(p, key, completed=True, release=not late)
+        self._msg("completion")
+        if not self.netted:
+            self._done(p, jid, shard, 0)
+            self._result(jid, shard)
+        else:
+            sched = self._sched_of(job)
+            self._push(self.now + self._lat(self._at(p), sched), DONE_AT, pid, (jid, shard, g if late else 0))
+            if self.policy != "sparrow":  # the result goes to the client too
+                self._msg("result")
+                self._push(self.now + self._lat(self._at(p), self.client_at[job.tj.tenant]), RESULT_AT, jid, shard)
+        if p.rec.leaving and not p.rec.running:
+            self._gone(p, "left")
+
+    def _done(self, p: _Peer, jid: str, shard: int, g: int) -> None:
+        """The scheduler hears a shard completed (and frees ``g`` slots of ``p``)."""
+        if g:
+            self._release(p, g)
         p.load -= self.st[jid].tj.duration_s / p.speed * max(self.st[jid].tj.gpus_per_shard, 1)
         self._load_changed(p)
-        self._msg("completion")
-        job, rec = self.st[jid], self.jobs[jid]
+        job = self.st[jid]
         if shard not in job.done:
             job.done.add(shard)
-            rec.delivered[shard] = 1
             if job.tj.chain and job.next_chain < job.tj.shards:
                 job.ready.append(job.next_chain)
                 job.next_chain += 1
                 self._ready(job)
-            if len(job.done) == job.tj.shards:
-                rec.finish_t = self.now
-                rec.ok = True
-                self._tenant_open[job.tj.tenant] -= 1
-                self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
-                if all(j.finish_t is not None for j in self.jobs.values()) and self._submitted == len(self.jobs):
-                    self.stop_at = min(self.stop_at, self.now + self.sc.settle_s)
-        if p.rec.leaving and not p.rec.running:
-            self._gone(p, "left")
+
+    def _result(self, jid: str, shard: int) -> None:
+        """A shard's result reaches the job's client: the job ends with its last."""
+        job, rec = self.st[jid], self.jobs[jid]
+        if shard in job.got:
+            return
+        job.got.add(shard)
+        rec.delivered[shard] = 1
+        if len(job.got) == job.tj.shards:
+            rec.finish_t = self.now
+            rec.ok = True
+            self._tenant_open[job.tj.tenant] -= 1
+            self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
+            if all(j.finish_t is not None for j in self.jobs.values()) and self._submitted == len(self.jobs):
+                self.stop_at = min(self.stop_at, self.now + self.sc.settle_s)
 
     # ------------------------------------------------------------------
     # arrivals and placement
@@ -309,6 +397,13 @@ class BaselineSim:
         self._tenant_open[job.tj.tenant] += 1
         self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
         self._msg("submit", job.tj.shards)
+        if self.netted and self.policy != "sparrow":
+            self._push(self.now + self._lat(self.client_at[job.tj.tenant], self.sched_at), SCHED_ARRIVE, jid, None)
+            return
+        self._accept(job)
+
+    def _accept(self, job: _Job) -> None:
+        """The job reaches its scheduler: its first shards are ready."""
         if job.tj.chain:
             job.ready.append(0)
             job.next_chain = 1
@@ -332,9 +427,25 @@ class BaselineSim:
                 self._open_jobs.add(job.tj.job_id)
                 return
             self._msg("assign")
-            p.queue.append(("task", job.tj.job_id, shard))
             p.load += job.tj.duration_s / p.speed * max(job.tj.gpus_per_shard, 1)
             self._load_changed(p)
+            if self.netted:
+                self._push(self.now + self._lat(self.sched_at, self._at(p)), ASSIGN_AT, p.rec.id, (job.tj.job_id, shard))
+                continue
+            p.queue.append(("task", job.tj.job_id, shard))
+            self._drain(p)
+
+    def _assign_at(self, p: _Peer, jid: str, shard: int) -> None:
+        """An assignment reaches its peer (networked)."""
+        if not p.rec.alive or p.rec.leaving:
+            if self.policy != "centralized":
+                self.st[jid].started += 1  # _requeue takes one off; a queued one never counted
+            self._bounce(p, [(jid, shard)], self.sched_at)
+            return
+        if self.policy == "centralized":
+            self._start(p, jid, shard, held=True)
+        else:
+            p.queue.append(("task", jid, shard))
             self._drain(p)
 
     def _capable(self, job: _Job) -> list[_Peer]:
@@ -359,6 +470,13 @@ class BaselineSim:
             return
         k = 2 * n
         self._msg("probe", k)
+        if self.netted:  # reservations travel from the job's scheduler (its client)
+            src = self._sched_of(job)
+            for _ in range(k):
+                p = cands[self.rng.randrange(len(cands))]
+                job.resv += 1
+                self._push(self.now + self._lat(src, self._at(p)), RESV_AT, p.rec.id, job.tj.job_id)
+            return
         for _ in range(k):
             p = cands[self.rng.randrange(len(cands))]
             p.queue.append(("resv", job.tj.job_id))
@@ -380,6 +498,10 @@ class BaselineSim:
                 if item[2] not in job.done:
                     self._start(p, item[1], item[2])
                 continue
+            if self.netted:  # hold the slot while asking the job's scheduler
+                self._take(p, g)
+                self._push(self.now + self._lat(self._at(p), self._sched_of(job)), LB_REQ, p.rec.id, (item[1], g))
+                continue
             job.resv -= 1  # late binding: ask the job's scheduler for a task
             self._msg("late_bind_request")
             self._msg("late_bind_reply")
@@ -387,6 +509,39 @@ class BaselineSim:
                 self._start(p, item[1], job.ready.popleft())
             if job.ready and job.resv == 0:
                 self._probe(job, len(job.ready))
+
+    def _resv_at(self, p: _Peer, jid: str) -> None:
+        """A sparrow reservation reaches its peer (networked)."""
+        if not p.rec.alive or p.rec.leaving:
+            self.st[jid].resv -= 1
+            self._bounce(p, [(jid, -1)], self._sched_of(self.st[jid]))
+            return
+        p.queue.append(("resv", jid))
+        self._drain(p)
+
+    def _lb_request(self, p: _Peer, jid: str, g: int) -> None:
+        """A peer's late-binding request reaches the job's scheduler: it
+        replies with a ready shard or a no-op."""
+        job = self.st[jid]
+        job.resv -= 1
+        self._msg("late_bind_request")
+        self._msg("late_bind_reply")
+        shard = job.ready.popleft() if job.ready else None
+        if shard is not None:
+            job.started += 1
+        self._push(self.now + self._lat(self._sched_of(job), self._at(p)), LB_REPLY, p.rec.id, (jid, shard, g))
+        if job.ready and job.resv == 0:
+            self._probe(job, len(job.ready))
+
+    def _lb_reply(self, p: _Peer, jid: str, shard: int | None, g: int) -> None:
+        """The reply reaches the peer holding a slot for it."""
+        if shard is not None and p.rec.alive and not p.rec.leaving:
+            self._start(p, jid, shard, held=True)
+            return
+        self._release(p, g)
+        if shard is not None:
+            self._bounce(p, [(jid, shard)], self._sched_of(self.st[jid]))
+        self._drain(p)
 
     def _dispatch_central(self) -> None:
         if not self._open_jobs:
@@ -440,7 +595,12 @@ class BaselineSim:
                 continue  # this job waits (its remaining ready shards too, this pass)
             shard = job.ready.popleft()
             self._msg("assign")
-            self._start(p, jid, shard)
+            if self.netted:  # the slot is this shard's from now; it starts when the assignment arrives
+                self._take(p, g)
+                job.started += 1
+                self._push(self.now + self._lat(self.sched_at, self._at(p)), ASSIGN_AT, p.rec.id, (jid, shard))
+            else:
+                self._start(p, jid, shard)
             if p.free <= 0:
                 free.remove(p)
             if job.ready:
@@ -527,6 +687,22 @@ class BaselineSim:
                 self._finish(a, b)
             elif kind == ARRIVE:
                 self._arrive(a)
+            elif kind == SCHED_ARRIVE:
+                self._accept(self.st[a])
+            elif kind == ASSIGN_AT:
+                self._assign_at(self.peers[a], *b)
+            elif kind == DONE_AT:
+                self._done(self.peers[a], *b)
+                if self.policy == "sparrow":  # its scheduler is the client
+                    self._result(b[0], b[1])
+            elif kind == RESULT_AT:
+                self._result(a, b)
+            elif kind == RESV_AT:
+                self._resv_at(self.peers[a], b)
+            elif kind == LB_REQ:
+                self._lb_request(self.peers[a], *b)
+            elif kind == LB_REPLY:
+                self._lb_reply(self.peers[a], *b)
             elif kind == PSTART:
                 self._bring_up(self.peers[a], t)
             elif kind == JOIN:
@@ -569,7 +745,7 @@ class BaselineSim:
             setattr(b, name, getattr(self, name))
         b._members = None
         res = b.results()
-        res["policy"] = self.policy
+        res["policy"] = self.name
         return res
 
 

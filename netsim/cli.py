@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="run fedswarm and baseline schedulers on the same workload and swarm")
     _add_scenario_args(c, out="results JSON path; plot data (CSV, PNG with matplotlib) goes next to it",
                        profiles="directory of peer profiles",
-                       policies="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow")
+                       policies="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow "
+                                "(networked), or centralized-instant, ... (their messages instant)")
     _add_faults_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "compare":

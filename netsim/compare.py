@@ -3,7 +3,9 @@
 Every policy sees the same scenario, seed, swarm, churn and workload.
 ``fedswarm`` is ``netsim run``; ``fedswarm-race`` is the same with every
 peer's ``race_to_idle = true`` (always the top frequency level: the energy
-baseline); the others are ``netsim.baselines``. The JSON holds, per policy,
+baseline); the others are ``netsim.baselines``, whose messages cross the
+scenario's network (their ``-instant`` variants deliver them at once). The
+JSON holds, per policy,
 the ``summary`` of ``netsim run`` plus ``deadline_misses``,
 ``msgs_per_shard``, ``sched_msgs_per_shard``, ``p99_jct_s`` and
 ``energy_horizon_j`` (energy over the longest run's length: a run that ends

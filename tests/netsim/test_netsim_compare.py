@@ -67,9 +67,52 @@ def test_baselines_are_deterministic():
 
 def test_message_counts_per_shard():
     sc = _small(churn={})
-    for pol, lo, hi in (("centralized", 3, 3), ("fifo", 3, 3), ("random", 3, 3), ("sparrow", 6, 8)):
+    # networked: submit, assign, completion (to the scheduler), result (to the client)
+    for pol, lo, hi in (("centralized", 4, 4), ("fifo", 4, 4), ("random", 4, 4), ("sparrow", 6, 8),
+                        ("centralized-instant", 3, 3), ("fifo-instant", 3, 3), ("random-instant", 3, 3),
+                        ("sparrow-instant", 6, 8)):
         ex = extras(run_baseline(sc, 1, pol, JOBS), JOBS)
         assert lo - 1e-9 <= ex["msgs_per_shard"] <= hi + 1e-9, (pol, ex)
+
+
+@pytest.mark.parametrize("policy,hops", [("centralized", 7), ("fifo", 7), ("random", 7), ("sparrow", 12)])
+def test_networked_baselines_pay_each_hop(policy, hops):
+    """One 3-shard chain on a quiet swarm with every link 10 ms and no jitter:
+    the networked run takes exactly ``hops`` one-way latencies longer than
+    the instant one. Central: submit, then per shard assign and completion
+    (the next shard is ready when the scheduler hears), and the last result
+    to the client. Sparrow (its scheduler is the client): per shard a probe,
+    the late-binding request and reply, and the completion."""
+    sc = make_scenario(
+        swarm=[{"profile": "datacenter-a100", "count": 3}],
+        network={"regions": {"us": 1.0}, "intra_ms": [10, 10], "inter_ms": [10, 10], "jitter_ms": 0, "loss": 0},
+        client={"verify": "none"},
+    )
+    jobs = [TraceJob("c", "a", 0.0, 3, 1, 20.0, kind="chain")]
+    net = run_baseline(sc, 1, policy, jobs)
+    inst = run_baseline(sc, 1, f"{policy}-instant", jobs)
+    assert net["policy"] == policy and inst["policy"] == f"{policy}-instant"
+    jn, ji = net["jobs"][0]["jct_s"], inst["jobs"][0]["jct_s"]
+    assert jn - ji == pytest.approx(hops * 0.010, abs=1e-9)
+
+
+def test_networked_centralized_holds_a_slot_until_it_hears():
+    """Two 1-GPU shards, one 1-slot peer: the second starts when the
+    completion of the first reached the scheduler and the assignment came
+    back (two hops after the first ended), not the moment the slot freed."""
+    sc = make_scenario(
+        swarm=[{"profile": "volunteer-gaming", "count": 1}],
+        network={"regions": {"us": 1.0}, "intra_ms": [10, 10], "inter_ms": [10, 10], "jitter_ms": 0, "loss": 0},
+        client={"verify": "none"},
+    )
+    b = BaselineSim(sc, 1, "centralized", jobs=[TraceJob("j", "a", 0.0, 2, 1, 20.0)])
+    b.run()
+    (s1, e1, _, _), (s2, e2, _, _) = sorted(b.intervals)
+    assert s2 - e1 == pytest.approx(0.020, abs=1e-9)
+    b = BaselineSim(sc, 1, "centralized-instant", jobs=[TraceJob("j", "a", 0.0, 2, 1, 20.0)])
+    b.run()
+    (s1, e1, _, _), (s2, e2, _, _) = sorted(b.intervals)
+    assert s2 == e1
 
 
 def test_centralized_is_fair_on_a_quiet_swarm():
