@@ -172,6 +172,28 @@ def test_a_bid_far_worse_than_the_view_promised_gets_a_second_look() -> None:
     assert fast < 10 and rebids == 1
 
 
+def test_a_free_peer_whose_bid_misses_the_deadline_gets_a_second_look() -> None:
+    """Client A's view ranks peer 0 first (8/s); after A pulled it, peer 0's
+    measured throughput drops to 1/s. A's 5 s shard with a 4 s deadline
+    goes to peer 0 first: it bids "start now" but needs 5 s. Peer 1 (4/s,
+    free) makes it. A second look used to be skipped whenever some bid
+    started at once, and the late bid was taken (JCT 5.1 s)."""
+    s = MiniSwarm(3, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": (8.0, 4.0, 1.0)[i]}),
+                  client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 30)
+    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=30.0)
+    s.step_until(s.now + 31)  # A pulled the view once; its next pull is 30 s away
+    first = list(s.peers)[0]
+    s.peers[first].set_throughput("*", 1.0)
+    t0 = s.now
+    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=5.0, deadline_s=4.0))
+    s._perform(a.id, eff)
+    s.step_until(s.now + 60, stop=lambda: ja in s.finished)
+    assert s.finished[ja].ok
+    assert s.now - t0 < 4.0 and a.stats["rebids"] == 1
+    assert not any(key[1] == ja for key in s.peers[first].leases)
+
+
 def test_awards_made_after_a_bid_count_against_it() -> None:
     # two jobs auctioned at once on two idle single-slot peers: both peers
     # bid "start now" for both; the job awarded second must not pile onto

@@ -637,15 +637,17 @@ class ClientCore(Node):
         # compare at full clock: a bid slowed down to save energy is not late
         best = min(b.start_s + b.run_s * b.level for b in bids.values())
         wait = min(b.start_s for b in bids.values())
-        if wait < cfg.rebid_min_s:
+        left = self._left(job, rnd.shards, now)
+        # a bid that starts at once is good enough, unless every bid misses
+        # the deadline (a slow peer that is free now may be the culprit)
+        if wait < cfg.rebid_min_s and best <= left:
             return False
         spec = job.spec
         asked = job.asked | rnd.invited
         alt = min((self._eta(spec, e, now) for e in self._eligible(spec, now) if e.peer not in asked), default=math.inf)
-        left = self._left(job, rnd.shards, now)
         if best > left >= alt:
             return True
-        return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
+        return wait >= cfg.rebid_min_s and best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
 
     def _close_round(self, now: float, job: _Job) -> list[Effect]:
         rnd = job.round
