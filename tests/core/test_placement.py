@@ -292,3 +292,34 @@ def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_ne
     s.step_until(s.now + 200, stop=lambda: late in s.finished)
     ((_, run),) = [v for k, v in s.runs.items() if k[2] == late]
     assert run.level == 1.0
+
+
+def _late_award_run(decline_late_s: float) -> tuple[str, str, float, int]:
+    """Clients A and B each call both peers at once; the fast single-slot
+    peer bids "start now" to both. B's 100 s shard reaches it first; A's
+    award is 1 s slower on the wire and finds the slot taken."""
+    s = MiniSwarm(2, seed=6, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 2.0 if i == 0 else 1.5},
+                                                              decline_late_s=decline_late_s),
+                  client_config=ClientConfig(verify="none", probe_min=2))
+    fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
+    s.step_until(s.now + 20)
+    a, b = s.add_client(1), s.add_client(2)
+    s.delay = lambda src, e: 1.0 if src == a.id and e.kind == "Award" and e.to == fast else 0.0
+    s.step_until(s.now + 10)
+    jb, eff = b.submit(s.now, JobRequest("sim", 1, work_s=200.0))
+    s._perform(b.id, eff)
+    t0 = s.now
+    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=10.0))
+    s._perform(a.id, eff)
+    s.step_until(s.now + 300, stop=lambda: ja in s.finished)
+    took = s.now - t0
+    ran = {d.job_id: d.peer for d in s.delivered}
+    return fast, ran[ja], took, s.peers[fast].stats["awards_declined_late"]
+
+
+def test_a_peer_declines_an_award_it_can_no_longer_start_near_its_bid() -> None:
+    fast, on, took, declined = _late_award_run(30.0)
+    assert declined == 1 and on != fast and took < 12.0
+    # kept, it waits behind the 100 s shard until a straggler backup runs it
+    fast, on, took, declined = _late_award_run(0.0)
+    assert declined == 0 and took > 20.0

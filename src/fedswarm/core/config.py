@@ -46,6 +46,9 @@ class PeerConfig:
     lease_grace_s: float = 12.0  # abandon a shard whose client stopped acking
     result_retry_s: float = 1.0
     result_retries: int = 60
+    # decline an award whose shard would now start this much later than our
+    # bid said (other clients' awards took the slots in between); 0: never
+    decline_late_s: float = 30.0
     max_backlog_s: float = math.inf
     queue_policy: str = "rho"
     fairness_knob: float = 1.0  # 1: pure finish-time fairness; 0: shortest first

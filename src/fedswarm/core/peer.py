@@ -190,6 +190,8 @@ class PeerCore(Node):
         self._next_gossip = 0.0
         self._busy_slots = 0
         self._tenant_load: dict[str, float] = {}
+        #: (tenant, job_id) -> when our last bid said its shard would start
+        self._promised: dict[tuple[str, str], float] = {}
         self.throughput = dict(config.throughput)
         self.spans: tuple[Any, ...] = ()
         self.now_w = config.power.idle_w
@@ -555,6 +557,9 @@ class PeerCore(Node):
             trust=self.config.trust,
         )
         self.stats["bids_sent"] += 1
+        self._promised[(tenant, job.job_id)] = now + wait
+        if len(self._promised) > 4096:
+            self._promised = dict(list(self._promised.items())[2048:])  # the newest half
         return [self._send(tenant, bid, now)]
 
     def _on_award(self, now: float, signed: Signed, award: Award) -> list[Effect]:
@@ -575,6 +580,8 @@ class PeerCore(Node):
                 return [self._send(tenant, self._renew_msg(lease, now), now)]
             return []
         why = self._can_serve(job, tenant)
+        if not why and self._late(job, tenant, award.shard, now):
+            why = "late"
         if why:
             self.stats["awards_declined"] += 1
             return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
@@ -601,6 +608,26 @@ class PeerCore(Node):
             lease.next_renew_at = now + self.config.renew_interval_s
             out.append(self._send(tenant, self._renew_msg(lease, now), now))
         return out
+
+    def _late(self, job: JobSpec, tenant: str, shard: int, now: float) -> bool:
+        """Whether the shard would now start far later than our bid said:
+        awards from other clients took the slots between the bid and this
+        award. Declining lets the client auction it again at once, where
+        accepting would leave it queued until a straggler backup."""
+        limit = self.config.decline_late_s
+        promised = self._promised.get((tenant, job.job_id))
+        if limit <= 0 or promised is None:
+            return False
+        run_s = job.work_s / self._speed(job.task)
+        # the client may knowingly send more shards of the job than there
+        # are slots: those it counted wait for the earlier ones
+        held = sum(1 for k in self.leases if k[0] == tenant and k[1] == job.job_id)
+        waves = held // max(self.config.slots // max(job.gpus, 1), 1) + 1
+        wait = self._wait_estimate(job, tenant, self._context(now), shard)
+        if now + wait <= promised + max(limit, run_s * waves):
+            return False
+        self.stats["awards_declined_late"] += 1
+        return True
 
     def _etas(self, now: float) -> dict[LeaseKey, float]:
         """Seconds until each lease's shard finishes here, in queue order."""
