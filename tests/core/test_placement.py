@@ -323,3 +323,34 @@ def test_a_peer_declines_an_award_it_can_no_longer_start_near_its_bid() -> None:
     # kept, it waits behind the 100 s shard until a straggler backup runs it
     fast, on, took, declined = _late_award_run(0.0)
     assert declined == 0 and took > 20.0
+
+
+def _tight_deadline_run(award_resend_s: float) -> tuple[float, int]:
+    """A 2 s shard with a 4 s deadline whose first award is lost: 2 s of
+    slack, so the client cannot wait the usual 2 s before resending it.
+    (Traced on eval-philly seed 2: philly-922, 4.4 s to run, a 6 s deadline,
+    its award lost on the wire; resent after 2 s, it finished at 6.49 s.)"""
+    seen: list[bool] = []
+
+    def drop(src: str, e: object) -> bool:
+        if getattr(e, "kind", "") == "Award" and not seen:
+            seen.append(True)
+            return True
+        return False
+
+    s = MiniSwarm(1, seed=4, drop=drop, peer_config=lambda i: PeerConfig(throughput={"*": 1.0}),
+                  client_config=ClientConfig(verify="none", award_resend_s=award_resend_s))
+    s.step_until(s.now + 5)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    t0 = s.now
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=2.0, deadline_s=4.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 60, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok and seen
+    return s.now - t0, c.stats["awards_resent"]
+
+
+def test_a_lost_award_is_resent_within_its_deadline_slack() -> None:
+    took, resent = _tight_deadline_run(2.0)
+    assert resent == 1 and took < 4.0, took

@@ -137,6 +137,7 @@ class _Shard:
     candidates: list[tuple[str, int, ShardResult, bytes]] = field(default_factory=list)
     exclude: set[str] = field(default_factory=set)
     award: Award | None = None  # the current attempt's award, until a renewal confirms it
+    resend_s: float = 0.0  # how long that award may go unconfirmed before it is sent again
 
 
 @dataclass(slots=True)
@@ -341,7 +342,8 @@ class ClientCore(Node):
             self.stats["awards_resent"] += 1
             out.append(self._send(sh.peer, sh.award, now))
             if tries + 1 < self.config.award_resends:
-                heapq.heappush(aheap, (now + self.config.award_resend_s, jid, idx, attempt, until, tries + 1))
+                heapq.heappush(aheap, (now + (sh.resend_s or self.config.award_resend_s), jid, idx, attempt, until,
+                                       tries + 1))
         sheap = self._straggle_heap
         while sheap and sheap[0][0] <= now:
             found = self._held(heapq.heappop(sheap), lease=False)
@@ -746,7 +748,8 @@ class ClientCore(Node):
             out.append(self._send(peer, award, now))
             sh.award = award
             if self.config.award_resend_s > 0:
-                heapq.heappush(self._award_heap, (now + self.config.award_resend_s, job.spec.job_id, i, sh.attempt,
+                sh.resend_s = self._resend_after(left - expect)
+                heapq.heappush(self._award_heap, (now + sh.resend_s, job.spec.job_id, i, sh.attempt,
                                                   sh.lease_until, 0))
         if awarded_any:
             job.backoff = 0.0
@@ -755,6 +758,15 @@ class ClientCore(Node):
             self._backoff(job, now)
             self.stats["rounds_no_bids"] += 1
         return out
+
+    def _resend_after(self, slack_s: float) -> float:
+        """How long an award may go unconfirmed before it is sent again:
+        ``award_resend_s``, but for a shard with less deadline slack (time
+        left less its expected finish) than twice that, half the slack, so a
+        lost award still leaves it time to make its deadline; never sooner
+        than ``bid_window_s``, the round trip the client allows for bids."""
+        cfg = self.config
+        return min(cfg.award_resend_s, max(slack_s / 2.0, cfg.bid_window_s))
 
     # ------------------------------------------------------------------
     # leases and results
