@@ -325,7 +325,8 @@ def test_a_peer_declines_an_award_it_can_no_longer_start_near_its_bid() -> None:
     assert declined == 0 and took > 20.0
 
 
-def _tight_deadline_run(award_resend_s: float) -> tuple[float, int]:
+def _tight_deadline_run(award_resend_s: float, deadline_s: float | None = 4.0, work_s: float = 2.0
+                        ) -> tuple[float, int]:
     """A 2 s shard with a 4 s deadline whose first award is lost: 2 s of
     slack, so the client cannot wait the usual 2 s before resending it.
     (Traced on eval-philly seed 2: philly-922, 4.4 s to run, a 6 s deadline,
@@ -344,7 +345,7 @@ def _tight_deadline_run(award_resend_s: float) -> tuple[float, int]:
     c = s.add_client()
     s.step_until(s.now + 5)
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=2.0, deadline_s=4.0))
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=work_s, deadline_s=deadline_s))
     s._perform(c.id, eff)
     s.step_until(s.now + 60, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok and seen
@@ -354,3 +355,12 @@ def _tight_deadline_run(award_resend_s: float) -> tuple[float, int]:
 def test_a_lost_award_is_resent_within_its_deadline_slack() -> None:
     took, resent = _tight_deadline_run(2.0)
     assert resent == 1 and took < 4.0, took
+
+
+def test_a_short_shards_lost_award_is_resent_within_its_run_time() -> None:
+    # no deadline, 0.6 s to run: resent after 0.6 s, not award_resend_s (2 s)
+    took, resent = _tight_deadline_run(2.0, deadline_s=None, work_s=0.6)
+    assert resent == 1 and took < 1.5, took
+    # a long one waits the full award_resend_s
+    took, resent = _tight_deadline_run(2.0, deadline_s=None, work_s=30.0)
+    assert resent == 1 and 32.0 < took < 33.0, took

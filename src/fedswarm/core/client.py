@@ -748,7 +748,7 @@ class ClientCore(Node):
             out.append(self._send(peer, award, now))
             sh.award = award
             if self.config.award_resend_s > 0:
-                sh.resend_s = self._resend_after(left - expect)
+                sh.resend_s = self._resend_after(left - expect, expect)
                 heapq.heappush(self._award_heap, (now + sh.resend_s, job.spec.job_id, i, sh.attempt,
                                                   sh.lease_until, 0))
         if awarded_any:
@@ -759,14 +759,15 @@ class ClientCore(Node):
             self.stats["rounds_no_bids"] += 1
         return out
 
-    def _resend_after(self, slack_s: float) -> float:
+    def _resend_after(self, slack_s: float, expect_s: float) -> float:
         """How long an award may go unconfirmed before it is sent again:
-        ``award_resend_s``, but for a shard with less deadline slack (time
-        left less its expected finish) than twice that, half the slack, so a
-        lost award still leaves it time to make its deadline; never sooner
+        ``award_resend_s``, but no longer than the shard is expected to take
+        (a lost award should not cost a short shard several times its run)
+        nor half its deadline slack (time left less its expected finish), so
+        a lost award still leaves it time to make its deadline; never sooner
         than ``bid_window_s``, the round trip the client allows for bids."""
         cfg = self.config
-        return min(cfg.award_resend_s, max(slack_s / 2.0, cfg.bid_window_s))
+        return min(cfg.award_resend_s, max(min(slack_s / 2.0, expect_s), cfg.bid_window_s))
 
     # ------------------------------------------------------------------
     # leases and results
