@@ -364,3 +364,28 @@ def test_a_short_shards_lost_award_is_resent_within_its_run_time() -> None:
     # a long one waits the full award_resend_s
     took, resent = _tight_deadline_run(2.0, deadline_s=None, work_s=30.0)
     assert resent == 1 and 32.0 < took < 33.0, took
+
+
+def test_a_start_now_bid_floored_by_unseen_awards_does_not_skip_the_second_look() -> None:
+    """Client A submits X (50 s here) and Y (1 s) at once; both calls go to
+    peer 0, its view's best (4/s; peer 1, 3.9/s, is free too). Peer 0 bids
+    "start now" for both; X's round closes first and awards it, then Y's
+    bid arrives. The award rule floors that bid by A's replay (X ahead:
+    about 50 s), but the second look used to see the raw "start now" and
+    skip: Y queued behind X for 50 s."""
+    s = MiniSwarm(2, seed=8, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": (4.0, 3.9)[i]}),
+                  client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 30)
+    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0)
+    s.step_until(s.now + 15)
+    t0 = s.now
+    jx, ex = a.submit(s.now, JobRequest("sim", 1, work_s=200.0))
+    jy, ey = a.submit(s.now, JobRequest("sim", 1, work_s=4.0))
+    s.delay = lambda src, e: 0.1 if e.kind == "Bid" and jy.encode() in e.data else 0.0
+    s._perform(a.id, ex + ey)
+    s.step_until(s.now + 120, stop=lambda: jy in s.finished)
+    assert s.finished[jy].ok
+    first, second = list(s.peers)
+    assert [d.peer for d in s.delivered if d.job_id == jx] == [] and a.stats["rebids"] == 1
+    assert [d.peer for d in s.delivered if d.job_id == jy] == [second]
+    assert s.now - t0 < 3.0

@@ -630,15 +630,19 @@ class ClientCore(Node):
                 n += 1
         return n
 
-    def _second_look(self, now: float, job: _Job, rnd: _Round, bids: dict[str, Bid]) -> bool:
+    def _second_look(self, now: float, job: _Job, rnd: _Round, seen: dict[str, tuple[float, float]]) -> bool:
         """Whether the best bid finishes so much later than the view promises
-        elsewhere that the round is worth running again with others."""
+        elsewhere that the round is worth running again with others.
+
+        ``seen``: per bidder, (the start the award rule credits its bid with,
+        its run at full clock): a bid made before awards it could not count
+        is floored by this client's replay, here as in the award."""
         cfg = self.config
-        if job.rebids >= cfg.max_rebids or not bids:
+        if job.rebids >= cfg.max_rebids or not seen:
             return False
         # compare at full clock: a bid slowed down to save energy is not late
-        best = min(b.start_s + b.run_s * b.level for b in bids.values())
-        wait = min(b.start_s for b in bids.values())
+        best = min(w + r for w, r in seen.values())
+        wait = min(w for w, _ in seen.values())
         left = self._left(job, rnd.shards, now)
         # a bid that starts at once is good enough, unless every bid misses
         # the deadline (a slow peer that is free now may be the culprit)
@@ -662,27 +666,10 @@ class ClientCore(Node):
         # (bid, when its call went out): awards sent since may not be in it
         called = rnd.close_at - self.config.bid_window_s
         bids = {**job.carried, **{p: (b, called, rnd.unconfirmed.get(p, 0)) for p, b in rnd.bids.items()}}
-        if self._second_look(now, job, rnd, {p: v[0] for p, v in bids.items()}):
-            job.carried = bids
-            job.asked |= rnd.invited
-            job.rebids += 1
-            for i in rnd.shards:
-                sh = job.shards[i]
-                if sh.state == ShardState.BIDDING and sh.round == rnd.id:
-                    self._move(sh, "no-bid")
-            job.next_round_at = now
-            self.stats["rebids"] += 1
-            return out
-        job.carried = {}
-        job.asked = set()
-        job.rebids = 0
-        assigned: dict[str, int] = {}
-        bidders = sorted((p, v[0]) for p, v in bids.items())
         # shards this client gave a bidder (for other jobs) that its bid may
         # not count: those sent after the call, and those sent before it
         # that the bidder had not confirmed when it bid
         unseen = {p: self._awarded_since(p, at) + early for p, (_, at, early) in bids.items()}
-        awarded_any = False
         left = self._left(job, rnd.shards, now)
         # per bidder with unseen awards: the wait this client's own replay of
         # its queue says (it changes only when a shard is awarded there)
@@ -706,6 +693,26 @@ class ClientCore(Node):
                 finish = max(finish, wait + bid.run_s)
             return finish
 
+        # what each bid is worth to the award rule: its first position,
+        # after the awards it may not count
+        seen = {p: (finish_on(p, v[0], unseen[p]) - v[0].run_s, v[0].run_s * v[0].level) for p, v in bids.items()}
+        if self._second_look(now, job, rnd, seen):
+            job.carried = bids
+            job.asked |= rnd.invited
+            job.rebids += 1
+            for i in rnd.shards:
+                sh = job.shards[i]
+                if sh.state == ShardState.BIDDING and sh.round == rnd.id:
+                    self._move(sh, "no-bid")
+            job.next_round_at = now
+            self.stats["rebids"] += 1
+            return out
+        job.carried = {}
+        job.asked = set()
+        job.rebids = 0
+        assigned: dict[str, int] = {}
+        bidders = sorted((p, v[0]) for p, v in bids.items())
+        awarded_any = False
         for i in rnd.shards:
             sh = job.shards[i]
             if sh.state != ShardState.BIDDING or sh.round != rnd.id:
