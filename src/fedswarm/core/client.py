@@ -642,18 +642,18 @@ class ClientCore(Node):
             return False
         # compare at full clock: a bid slowed down to save energy is not late
         best = min(w + r for w, r in seen.values())
-        wait = min(w for w, _ in seen.values())
         left = self._left(job, rnd.shards, now)
-        # a bid that starts at once is good enough, unless every bid misses
-        # the deadline (a slow peer that is free now may be the culprit)
-        if wait < cfg.rebid_min_s and best <= left:
+        # a finish within rebid_min_s of now is good enough if it meets the
+        # deadline (a bid that starts at once but runs slowly is not: a free
+        # volunteer GPU where the view lists faster ones)
+        if best < cfg.rebid_min_s and best <= left:
             return False
         spec = job.spec
         asked = job.asked | rnd.invited
         alt = min((self._eta(spec, e, now) for e in self._eligible(spec, now) if e.peer not in asked), default=math.inf)
         if best > left >= alt:
             return True
-        return wait >= cfg.rebid_min_s and best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
+        return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
 
     def _close_round(self, now: float, job: _Job) -> list[Effect]:
         rnd = job.round
