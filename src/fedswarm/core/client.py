@@ -630,19 +630,20 @@ class ClientCore(Node):
                 n += 1
         return n
 
-    def _second_look(self, now: float, job: _Job, rnd: _Round, seen: dict[str, tuple[float, float]]) -> bool:
+    def _second_look(self, now: float, job: _Job, rnd: _Round, seen: dict[str, tuple[float, float]],
+                     left: float) -> bool:
         """Whether the best bid finishes so much later than the view promises
         elsewhere that the round is worth running again with others.
 
         ``seen``: per bidder, (the start the award rule credits its bid with,
         its run at full clock): a bid made before awards it could not count
-        is floored by this client's replay, here as in the award."""
+        is floored by this client's replay, here as in the award. ``left``:
+        time to the round's deadline (inf: none)."""
         cfg = self.config
         if job.rebids >= cfg.max_rebids or not seen:
             return False
         # compare at full clock: a bid slowed down to save energy is not late
         best = min(w + r for w, r in seen.values())
-        left = self._left(job, rnd.shards, now)
         # a finish within rebid_min_s of now is good enough if it meets the
         # deadline (a bid that starts at once but runs slowly is not: a free
         # volunteer GPU where the view lists faster ones)
@@ -696,7 +697,7 @@ class ClientCore(Node):
         # what each bid is worth to the award rule: its first position,
         # after the awards it may not count
         seen = {p: (finish_on(p, v[0], unseen[p]) - v[0].run_s, v[0].run_s * v[0].level) for p, v in bids.items()}
-        if self._second_look(now, job, rnd, seen):
+        if self._second_look(now, job, rnd, seen, left):
             job.carried = bids
             job.asked |= rnd.invited
             job.rebids += 1
