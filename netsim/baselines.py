@@ -191,6 +191,11 @@ class BaselineSim:
             d += self.net_rng.expovariate(1000.0 / self.net.jitter_ms)
         return d
 
+    def _send(self, src: tuple[str, str], dst: tuple[str, str], kind: int, a: Any, b: Any) -> None:
+        """A scheduling message from ``src`` to ``dst``: event ``kind`` fires
+        when it arrives."""
+        self._push(self.now + self._lat(src, dst), kind, a, b)
+
     @staticmethod
     def _at(p: _Peer) -> tuple[str, str]:
         return (p.rec.id, p.rec.region)
@@ -204,10 +209,9 @@ class BaselineSim:
         its scheduler: a crash is noticed ``lease_s`` after it happened, a
         leaving peer says so."""
         if p.rec.fate == "crashed":
-            t = max(self.now, (p.rec.end_t or self.now) + self.detect_s)
+            self._push(max(self.now, (p.rec.end_t or self.now) + self.detect_s), DETECT, items, None)
         else:
-            t = self.now + self._lat(self._at(p), to)
-        self._push(t, DETECT, items, None)
+            self._send(self._at(p), to, DETECT, items, None)
 
     def _add_peer(self, rec: NodeRec) -> _Peer:
         """Track a peer record of the unrun Simulator (its core never runs:
@@ -350,10 +354,10 @@ class BaselineSim:
             self._result(jid, shard)
         else:
             sched = self._sched_of(job)
-            self._push(self.now + self._lat(self._at(p), sched), DONE_AT, pid, (jid, shard, g if late else 0))
+            self._send(self._at(p), sched, DONE_AT, pid, (jid, shard, g if late else 0))
             if self.policy != "sparrow":  # the result goes to the client too
                 self._msg("result")
-                self._push(self.now + self._lat(self._at(p), self.client_at[job.tj.tenant]), RESULT_AT, jid, shard)
+                self._send(self._at(p), self.client_at[job.tj.tenant], RESULT_AT, jid, shard)
         if p.rec.leaving and not p.rec.running:
             self._gone(p, "left")
 
@@ -398,7 +402,7 @@ class BaselineSim:
         self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
         self._msg("submit", job.tj.shards)
         if self.netted and self.policy != "sparrow":
-            self._push(self.now + self._lat(self.client_at[job.tj.tenant], self.sched_at), SCHED_ARRIVE, jid, None)
+            self._send(self.client_at[job.tj.tenant], self.sched_at, SCHED_ARRIVE, jid, None)
             return
         self._accept(job)
 
@@ -430,7 +434,7 @@ class BaselineSim:
             p.load += job.tj.duration_s / p.speed * max(job.tj.gpus_per_shard, 1)
             self._load_changed(p)
             if self.netted:
-                self._push(self.now + self._lat(self.sched_at, self._at(p)), ASSIGN_AT, p.rec.id, (job.tj.job_id, shard))
+                self._send(self.sched_at, self._at(p), ASSIGN_AT, p.rec.id, (job.tj.job_id, shard))
                 continue
             p.queue.append(("task", job.tj.job_id, shard))
             self._drain(p)
@@ -475,7 +479,7 @@ class BaselineSim:
             for _ in range(k):
                 p = cands[self.rng.randrange(len(cands))]
                 job.resv += 1
-                self._push(self.now + self._lat(src, self._at(p)), RESV_AT, p.rec.id, job.tj.job_id)
+                self._send(src, self._at(p), RESV_AT, p.rec.id, job.tj.job_id)
             return
         for _ in range(k):
             p = cands[self.rng.randrange(len(cands))]
@@ -500,7 +504,7 @@ class BaselineSim:
                 continue
             if self.netted:  # hold the slot while asking the job's scheduler
                 self._take(p, g)
-                self._push(self.now + self._lat(self._at(p), self._sched_of(job)), LB_REQ, p.rec.id, (item[1], g))
+                self._send(self._at(p), self._sched_of(job), LB_REQ, p.rec.id, (item[1], g))
                 continue
             job.resv -= 1  # late binding: ask the job's scheduler for a task
             self._msg("late_bind_request")
@@ -529,7 +533,7 @@ class BaselineSim:
         shard = job.ready.popleft() if job.ready else None
         if shard is not None:
             job.started += 1
-        self._push(self.now + self._lat(self._sched_of(job), self._at(p)), LB_REPLY, p.rec.id, (jid, shard, g))
+        self._send(self._sched_of(job), self._at(p), LB_REPLY, p.rec.id, (jid, shard, g))
         if job.ready and job.resv == 0:
             self._probe(job, len(job.ready))
 
@@ -598,7 +602,7 @@ class BaselineSim:
             if self.netted:  # the slot is this shard's from now; it starts when the assignment arrives
                 self._take(p, g)
                 job.started += 1
-                self._push(self.now + self._lat(self.sched_at, self._at(p)), ASSIGN_AT, p.rec.id, (jid, shard))
+                self._send(self.sched_at, self._at(p), ASSIGN_AT, p.rec.id, (jid, shard))
             else:
                 self._start(p, jid, shard)
             if p.free <= 0:
