@@ -337,6 +337,45 @@ def test_a_peer_declines_an_award_it_can_no_longer_start_near_its_bid() -> None:
     assert declined == 0 and took > 20.0
 
 
+def _slipped_run(decline_late_s: float) -> tuple[float, int, bool]:
+    """Client A's 36 s shard runs on the fast single-slot peer F; A's 10 s
+    shard X queues behind it (the other peer, S, would take 50 s). Client B
+    then gives F three urgent 20 s shards, which only F serves: they jump
+    F's queue and X's start slips from 36 s to 96 s."""
+    seed = 8
+    a_id = ident(10_001, seed).peer_id
+    s = MiniSwarm(2, seed=seed, peer_config=lambda i: PeerConfig(
+        slots=1, throughput={"*": 1.0 if i == 0 else 0.2}, decline_late_s=decline_late_s,
+        allowed_tenants=None if i == 0 else frozenset({a_id})),
+        client_config=ClientConfig(verify="none"))
+    fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 1.0)
+    s.step_until(s.now + 20)
+    a, b = s.add_client(1), s.add_client(2)
+    assert a.id == a_id
+    s.step_until(s.now + 10)
+    first, eff = a.submit(s.now, JobRequest("sim", 1, work_s=36.0))
+    s._perform(a.id, eff)
+    s.step_until(s.now + 1)
+    t0 = s.now
+    x, eff = a.submit(s.now, JobRequest("sim", 1, work_s=10.0))
+    s._perform(a.id, eff)
+    s.step_until(s.now + 1)
+    assert s.peers[fast].leases and any(k[1] == x for k in s.peers[fast].leases)
+    urgent, eff = b.submit(s.now, JobRequest("sim", 3, work_s=20.0, deadline_s=55.0))
+    s._perform(b.id, eff)
+    s.step_until(s.now + 300, stop=lambda: x in s.finished)
+    ran = {d.job_id: d.peer for d in s.delivered}
+    return s.now - t0, s.peers[fast].stats["shards_handed_back_late"], ran[x] == fast
+
+
+def test_a_peer_hands_back_a_queued_shard_whose_start_slipped_far_past_its_bid() -> None:
+    took, handed, on_fast = _slipped_run(30.0)
+    assert handed == 1 and not on_fast and took < 75.0
+    # kept, it waits for the urgent shards: 35 s + 3 x 20 s + its own 10 s
+    took, handed, on_fast = _slipped_run(0.0)
+    assert handed == 0 and on_fast and took > 95.0
+
+
 def _tight_deadline_run(award_resend_s: float, deadline_s: float | None = 4.0, work_s: float = 2.0
                         ) -> tuple[float, int]:
     """A 2 s shard with a 4 s deadline whose first award is lost: 2 s of

@@ -47,7 +47,9 @@ class PeerConfig:
     result_retry_s: float = 1.0
     result_retries: int = 60
     # decline an award whose shard would now start this much later than our
-    # bid said (other clients' awards took the slots in between); 0: never
+    # bid said (other clients' awards took the slots in between), and hand
+    # back a queued shard whose start slipped this far past what we expected
+    # on accepting it; 0: never
     decline_late_s: float = 30.0
     max_backlog_s: float = math.inf
     queue_policy: str = "rho"

@@ -36,6 +36,7 @@ Lease states per (tenant, job, shard, attempt)::
 
     (award) -> QUEUED -> RUNNING -> (finished: result outbox) -> gone
                QUEUED/RUNNING --(revoked | cancel | abandoned | leave)--> gone
+               QUEUED --(its start slipped far past the promise: handed back)--> gone
 
 ``_TRANSITIONS`` below is the table; ``_move`` is the only place a lease
 changes state, and an illegal move is a ``LocalProtocolError`` (a bug).
@@ -124,6 +125,7 @@ class _Lease:
     state: str = LeaseState.QUEUED
     started_at: float = 0.0
     granted_s: float = 0.0  # lease length the client last granted
+    start_by: float = math.inf  # when it was expected to start on acceptance
 
     @property
     def tenant(self) -> str:
@@ -226,12 +228,24 @@ class PeerCore(Node):
             self.view.expire(now)
             out.extend(self._gossip_round(now))
         etas: dict[LeaseKey, float] | None = None
+        ctx: _PrioContext | None = None
         for lease in list(self.leases.values()):
             if now - lease.last_ack_at > self._grace(lease):
                 self.stats["leases_abandoned"] += 1
                 out.extend(self._drop(lease))
                 etas = None
             elif now >= lease.next_renew_at:
+                if lease.state == LeaseState.QUEUED:
+                    ctx = ctx or self._context(now)
+                    start = now + self._start_estimate(lease, ctx)
+                    if self._late(lease.job, lease.tenant, now, start, lease.start_by, lease.key):
+                        # later work kept outranking it here: another peer may start it sooner
+                        self.stats["shards_handed_back_late"] += 1
+                        self._drop(lease)
+                        t, j, s, a = lease.key
+                        out.append(self._send(t, AwardDecline(j, s, a, "late"), now))
+                        etas = None
+                        continue
                 if etas is None:
                     etas = self._etas(now)
                 lease.next_renew_at = now + self.config.renew_interval_s
@@ -519,6 +533,24 @@ class PeerCore(Node):
         ahead.sort(key=lambda a: (a[0], a[1]))
         return start_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1))
 
+    def _start_estimate(self, lease: _Lease, ctx: "_PrioContext") -> float:
+        """Seconds before a queued lease would start: the slots replayed
+        with the leases that come before it in the queue order
+        (``_schedule``'s) first."""
+        now = ctx.now
+        mine = (self._prio(lease.job, lease.tenant, ctx, lease.run_s, lease.key[2]), lease.key)
+        free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
+        ahead: list[tuple[tuple[tuple[float, float, float], LeaseKey], float, int]] = []
+        for other in self.leases.values():
+            if other.state == LeaseState.RUNNING:
+                free.extend([max(other.run_s - (now - other.started_at), 0.0)] * max(other.job.gpus, 1))
+            elif other is not lease:
+                k = (self._prio(other.job, other.tenant, ctx, other.run_s, other.key[2]), other.key)
+                if k < mine:
+                    ahead.append((k, other.run_s, max(other.job.gpus, 1)))
+        ahead.sort(key=lambda a: a[0])
+        return start_after(free[: self.config.slots], ((a[1], a[2]) for a in ahead), max(lease.job.gpus, 1))
+
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
         job, tenant = self._job_from(cfb.job, now)
         if tenant != signed.author:
@@ -580,10 +612,15 @@ class PeerCore(Node):
                 return [self._send(tenant, self._renew_msg(lease, now), now)]
             return []
         why = self._can_serve(job, tenant)
-        if not why and self._late(job, tenant, award.shard, now):
-            why = "late"
+        wait = 0.0
+        if not why:
+            wait = self._wait_estimate(job, tenant, self._context(now), award.shard)
+            if self._late(job, tenant, now, now + wait):
+                why = "late"
         if why:
             self.stats["awards_declined"] += 1
+            if why == "late":
+                self.stats["awards_declined_late"] += 1
             return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
         work = job.work_s / self._speed(job.task)
         run_s = work / award.level
@@ -598,6 +635,7 @@ class PeerCore(Node):
             accepted_at=now,
             last_ack_at=now,
             next_renew_at=now,  # tell the client at once that we hold it
+            start_by=now + wait,
         )
         self.leases[key] = lease
         self._tenant_load[tenant] = self._tenant_load.get(tenant, 0.0) + run_s * max(job.gpus, 1)
@@ -609,25 +647,27 @@ class PeerCore(Node):
             out.append(self._send(tenant, self._renew_msg(lease, now), now))
         return out
 
-    def _late(self, job: JobSpec, tenant: str, shard: int, now: float) -> bool:
-        """Whether the shard would now start far later than our bid said:
-        awards from other clients took the slots between the bid and this
-        award. Declining lets the client auction it again at once, where
-        accepting would leave it queued until a straggler backup."""
+    def _late(
+        self, job: JobSpec, tenant: str, now: float, start: float, promised: float | None = None,
+        key: LeaseKey | None = None,
+    ) -> bool:
+        """Whether a shard of ``job`` that would start at ``start`` starts
+        far later than ``promised`` (by default, what our bid said): awards
+        from other clients took the slots between the bid and this award,
+        or later work outranked a queued shard. Giving it back lets the
+        client auction it again at once, where keeping it would leave it
+        queued until a straggler backup."""
         limit = self.config.decline_late_s
-        promised = self._promised.get((tenant, job.job_id))
+        if promised is None:
+            promised = self._promised.get((tenant, job.job_id))
         if limit <= 0 or promised is None:
             return False
         run_s = job.work_s / self._speed(job.task)
         # the client may knowingly send more shards of the job than there
         # are slots: those it counted wait for the earlier ones
-        held = sum(1 for k in self.leases if k[0] == tenant and k[1] == job.job_id)
+        held = sum(1 for k in self.leases if k[0] == tenant and k[1] == job.job_id and k != key)
         waves = held // max(self.config.slots // max(job.gpus, 1), 1) + 1
-        wait = self._wait_estimate(job, tenant, self._context(now), shard)
-        if now + wait <= promised + max(limit, run_s * waves):
-            return False
-        self.stats["awards_declined_late"] += 1
-        return True
+        return start > promised + max(limit, run_s * waves)
 
     def _etas(self, now: float) -> dict[LeaseKey, float]:
         """Seconds until each lease's shard finishes here, in queue order."""
