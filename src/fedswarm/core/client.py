@@ -5,21 +5,24 @@ Theory of operation
 A job is split into shards. Open shards are auctioned in *rounds*: the
 client picks about twice as many candidates as shards (Sparrow's d) from
 its view (see below), sends each a ``CallForBids`` carrying the
-tenant-signed ``JobSpec``, and collects ``Bid``s for ``bid_window_s`` (or
-until every invitee answered). It then awards each shard to the bid minimising
+tenant-signed ``JobSpec``, and collects ``Bid``s until every invitee
+answered, or for ``bid_window_s`` at most (less when it has heard from every
+invitee before: the slowest one's retransmission timeout, from the round
+trips of its earlier bids). It then awards each shard to the bid minimising
 
-    weight * estimated_finish + lam * (energy_j + carbon_weight * carbon_g)
+    weight * (estimated_finish + transit) + lam * (energy_j + carbon_weight * carbon_g)
 
 where a peer's finish for its k-th shard of this round is
-``start_s + (k // slots + 1) * run_s`` (the award rule). A winner holds a lease:
+``start_s + (k // slots + 1) * run_s`` and ``transit`` is the peer's smoothed
+round trip (award out, result back) (the award rule). A winner holds a lease:
 it renews it with ``LeaseRenew``; the client answers ``LeaseAck`` and keeps
 the lease alive for ``lease_s`` after each renewal. A lapsed lease, a decline
 or a failed result reopens the shard with the next attempt number; a shard
 that failed ``max_attempts`` times fails the job.
 
 Invitations go to the peers with the earliest estimated finish in the
-client's view (``_eta``), a share of them (``explore_ratio``) swapped for
-random others. The view is tens of seconds old, so bids are fresh news: each
+client's view (``_eta``, plus the transit), a share of them
+(``explore_ratio``) swapped for random others. The view is tens of seconds old, so bids are fresh news: each
 bid's start time is remembered for that peer until a newer state of it
 arrives, and when the best bid of a round finishes far later than the view
 promises elsewhere (``rebid_gain``, ``rebid_min_s``), the round is run again
@@ -146,6 +149,7 @@ class _Round:
     shards: tuple[int, ...]
     invited: set[str]
     close_at: float
+    called_at: float
     bids: dict[str, Bid] = field(default_factory=dict)
     # per bidder: awards this client sent it before the call that it had not
     # confirmed when its bid came (they may have been in flight)
@@ -229,6 +233,11 @@ class ClientCore(Node):
         self._news: dict[str, tuple[float, float, bool]] = {}
         self._salt = zlib.crc32(identity.peer_id.encode())
         self._ties: dict[str, int] = {}
+        #: peer -> (time of the last sample, smoothed round trip, its mean deviation)
+        #: from call for bids to bid
+        self._rtt: dict[str, tuple[float, float, float]] = {}
+        #: region -> smoothed round trip of the bids from its peers
+        self._region_rtt: dict[str, float] = {}
 
     # ------------------------------------------------------------------
     # public API
@@ -342,8 +351,8 @@ class ClientCore(Node):
             self.stats["awards_resent"] += 1
             out.append(self._send(sh.peer, sh.award, now))
             if tries + 1 < self.config.award_resends:
-                heapq.heappush(aheap, (now + (sh.resend_s or self.config.award_resend_s), jid, idx, attempt, until,
-                                       tries + 1))
+                sh.resend_s = min(2.0 * (sh.resend_s or self.config.award_resend_s), self.config.award_resend_s)
+                heapq.heappush(aheap, (now + sh.resend_s, jid, idx, attempt, until, tries + 1))
         sheap = self._straggle_heap
         while sheap and sheap[0][0] <= now:
             found = self._held(heapq.heappop(sheap), lease=False)
@@ -490,7 +499,7 @@ class ClientCore(Node):
         shards = tuple(s.index for s in open_[:4096])
         rid = job.next_round_id
         job.next_round_id += 1
-        job.round = _Round(rid, shards, set(invited), now + cfg.bid_window_s)
+        job.round = _Round(rid, shards, set(invited), now + self._bid_window(invited), now)
         for i in shards:
             sh = job.shards[i]
             self._move(sh, "invite")
@@ -501,6 +510,66 @@ class ClientCore(Node):
         self.stats["cfb_sent"] += len(invited)
         self.stats["rounds"] += 1
         return out
+
+    def _sample_rtt(self, peer: str, now: float, sample: float) -> None:
+        """A call-for-bids-to-bid round trip of ``peer`` (RFC 6298's smoothing)."""
+        old = self._rtt.get(peer)
+        if old is None:
+            srtt, var = sample, sample / 2.0
+        else:
+            var = 0.75 * old[2] + 0.25 * abs(old[1] - sample)
+            srtt = 0.875 * old[1] + 0.125 * sample
+        e = self.view.get(peer)
+        if e is not None:
+            region = e.state.region
+            prior = self._region_rtt.get(region)
+            if prior is not None or len(self._region_rtt) < 256:
+                self._region_rtt[region] = sample if prior is None else 0.875 * prior + 0.125 * sample
+        self._rtt[peer] = (now, srtt, var)
+        if len(self._rtt) > self.config.max_view:
+            self._rtt = _newest_half(self._rtt)
+
+    def _transit(self, peer: str, e: ViewEntry | None = None) -> float:
+        """Seconds an award to ``peer`` and its result spend on the wire: its
+        smoothed round trip; for a peer never heard from, that of its region
+        (as its state names it), and none for a region never heard from, so
+        that its peers get asked and measured (optimism: taking the mean of
+        the known instead kept one client calling far peers it had measured
+        over near ones it never tried). Among peers that would finish alike,
+        the near one hands back the result first (it matters for sub-second
+        shards)."""
+        r = self._rtt.get(peer)
+        if r is not None:
+            return r[1]
+        if e is None:
+            e = self.view.get(peer)
+        if e is not None:
+            prior = self._region_rtt.get(e.state.region)
+            if prior is not None:
+                return prior
+        return 0.0
+
+    def _bid_window(self, invited: list[str]) -> float:
+        """How long a round waits for bids: ``bid_window_s``, or less when
+        every invitee has answered before, namely the longest of their
+        retransmission timeouts (smoothed round trip plus four deviations).
+        A bid later than that is most likely not coming (the call or the
+        bid was lost, or the peer is gone or declined to bid), and a
+        sub-second job should not wait the whole window for it."""
+        cfg = self.config
+        worst = 0.0
+        for p in invited:
+            rto = self._rto(p)
+            if rto is None:
+                return cfg.bid_window_s
+            worst = max(worst, rto)
+        return min(cfg.bid_window_s, max(worst, cfg.bid_window_min_s))
+
+    def _rto(self, peer: str) -> float | None:
+        """Retransmission timeout for ``peer``: its smoothed round trip plus
+        four mean deviations (None: never heard from)."""
+        r = self._rtt.get(peer)
+        return None if r is None else r[1] + 4.0 * r[2]
 
     def _eta(self, spec: JobSpec, e: ViewEntry, now: float) -> float:
         """Estimated finish of one shard of ``spec`` on ``e``'s peer.
@@ -554,7 +623,8 @@ class ClientCore(Node):
         if len(cands) <= want:
             return [e.peer for e in cands]
         n_explore = min(int(want * self.config.explore_ratio), want - 1)
-        top = heapq.nsmallest(want - n_explore, cands, key=lambda e: (self._eta(spec, e, now), self._tie(e.peer)))
+        top = heapq.nsmallest(want - n_explore, cands,
+                              key=lambda e: (self._eta(spec, e, now) + self._transit(e.peer, e), self._tie(e.peer)))
         chosen = {e.peer for e in top}
         rest = [e for e in cands if e.peer not in chosen]
         return [e.peer for e in top] + [e.peer for e in self.rng.sample(rest, n_explore)]
@@ -589,7 +659,8 @@ class ClientCore(Node):
         if not set(bid.shards) <= set(rnd.shards):
             raise RemoteProtocolError("no-such-shard", bid.job_id)
         rnd.bids[signed.author] = bid
-        rnd.unconfirmed[signed.author] = self._unconfirmed(signed.author, rnd.close_at - self.config.bid_window_s)
+        rnd.unconfirmed[signed.author] = self._unconfirmed(signed.author, rnd.called_at)
+        self._sample_rtt(signed.author, now, now - rnd.called_at)
         self.stats["bids_received"] += 1
         if len(rnd.bids) >= len(rnd.invited):
             return self._close_round(now, job) + self._advance(now, job)
@@ -665,7 +736,7 @@ class ClientCore(Node):
         for peer, bid in rnd.bids.items():
             self._remember(now, peer, bid, spec.deadline_s is not None)
         # (bid, when its call went out): awards sent since may not be in it
-        called = rnd.close_at - self.config.bid_window_s
+        called = rnd.called_at
         bids = {**job.carried, **{p: (b, called, rnd.unconfirmed.get(p, 0)) for p, b in rnd.bids.items()}}
         # shards this client gave a bidder (for other jobs) that its bid may
         # not count: those sent after the call, and those sent before it
@@ -725,7 +796,8 @@ class ClientCore(Node):
                 if i not in bid.shards or peer in sh.exclude or peer in self.banned:
                     continue
                 finish = finish_on(peer, bid, assigned.get(peer, 0) + unseen[peer])
-                cost = spec.weight * finish + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g)
+                cost = (spec.weight * (finish + self._transit(peer))
+                        + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g))
                 key = (not (sh.candidates and self.is_trusted(peer)), finish > left, cost, peer)
                 if best is None or key < best[0]:
                     best = (key, bid, finish)
@@ -756,7 +828,7 @@ class ClientCore(Node):
             out.append(self._send(peer, award, now))
             sh.award = award
             if self.config.award_resend_s > 0:
-                sh.resend_s = self._resend_after(left - expect, expect)
+                sh.resend_s = self._resend_after(left - expect, expect, peer)
                 heapq.heappush(self._award_heap, (now + sh.resend_s, job.spec.job_id, i, sh.attempt,
                                                   sh.lease_until, 0))
         if awarded_any:
@@ -767,15 +839,22 @@ class ClientCore(Node):
             self.stats["rounds_no_bids"] += 1
         return out
 
-    def _resend_after(self, slack_s: float, expect_s: float) -> float:
-        """How long an award may go unconfirmed before it is sent again:
-        ``award_resend_s``, but no longer than the shard is expected to take
-        (a lost award should not cost a short shard several times its run)
-        nor half its deadline slack (time left less its expected finish), so
-        a lost award still leaves it time to make its deadline; never sooner
-        than ``bid_window_s``, the round trip the client allows for bids."""
+    def _resend_after(self, slack_s: float, expect_s: float, peer: str) -> float:
+        """How long an award may go unconfirmed before it is sent again.
+
+        The peer confirms an award with a renewal at once, so the wait is
+        its retransmission timeout (as for its bid, ``_rto``; the peer has
+        just bid, so it is known), and at most ``award_resend_s``, the shard's
+        expected run, or half its deadline slack (time left less its expected
+        finish), so a lost award still leaves it time to make its deadline;
+        never sooner than ``bid_window_min_s``. Each resend doubles the wait.
+        """
         cfg = self.config
-        return min(cfg.award_resend_s, max(min(slack_s / 2.0, expect_s), cfg.bid_window_s))
+        rto = self._rto(peer)
+        if rto is None:
+            rto = cfg.bid_window_s
+        cap = min(cfg.award_resend_s, max(min(slack_s / 2.0, expect_s), cfg.bid_window_min_s))
+        return max(min(rto, cap), cfg.bid_window_min_s)
 
     # ------------------------------------------------------------------
     # leases and results

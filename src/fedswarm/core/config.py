@@ -80,6 +80,9 @@ class ClientConfig:
     probe_max: int = 32
     explore_ratio: float = 0.25  # share of invitations sent to random peers, not the best-ranked
     bid_window_s: float = 0.5
+    # a round waits less when every invitee answered before: their longest
+    # retransmission timeout (see ClientCore._bid_window), never below this
+    bid_window_min_s: float = 0.05
     retry_backoff_s: float = 0.5
     retry_backoff_max_s: float = 8.0
     lease_s: float = 8.0  # a lease lapses this long after the last renewal
