@@ -89,7 +89,7 @@ class ClientConfig:
     max_lease_s: float = 120.0  # longest lease granted to a shard with a long ETA
     max_attempts: int = 20
     gossip_interval_s: float = 2.0
-    pull_entries: int = 128  # view entries asked of a peer per gossip pull (<= 255)
+    pull_entries: int = 255  # view entries asked of a peer per gossip pull (<= 255)
     max_view: int = 1024
     max_skew_s: float = 60.0
     suspect_s: float = 60.0  # a peer whose lease lapsed (while others reached us) is not invited for this long
