@@ -152,24 +152,29 @@ def test_forged_and_misdirected_messages_are_counted_not_fatal() -> None:
     assert not victim.leases or len(victim.leases) == 1
 
 
+def _twelve_shards_two_slow_peers(straggler_factor: float, decline_late_s: float) -> tuple[float, MiniSwarm, ClientCore]:
+    """Twelve 5 s shards on six single-slot peers, two of which run ten
+    times slower than they bid; each peer gets two shards."""
+    s = MiniSwarm(6, seed=21, slow={1: 10.0, 2: 10.0}, peer_config=lambda i: PeerConfig(decline_late_s=decline_late_s))
+    s.step_until(s.now + 10)
+    c = s.add_client(verify="none", straggler_factor=straggler_factor)
+    s.step_until(s.now + 5)
+    t0 = s.now
+    jid, eff = c.submit(s.now, JobRequest("sim", 12, work_s=5.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5000, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
+    delivered_once(s, jid, 12)
+    return s.now - t0, s, c
+
+
 def test_a_shard_queued_behind_an_overrunning_one_is_handed_back() -> None:
-    # two of six single-slot peers run ten times slower than they bid; each
-    # gets two of the twelve 5 s shards. No backups: the second shard on a
-    # slow peer would start after 50 s. Its start slips as the first one
-    # overruns, so the peer hands it back and a fast peer runs it.
+    # no backups: the second shard on a slow peer would start after 50 s.
+    # Its start slips as the first one overruns, so the peer hands it back
+    # and a fast peer runs it
     def run(decline_late_s: float) -> tuple[float, int]:
-        s = MiniSwarm(6, seed=21, slow={1: 10.0, 2: 10.0},
-                      peer_config=lambda i: PeerConfig(decline_late_s=decline_late_s))
-        s.step_until(s.now + 10)
-        c = s.add_client(verify="none", straggler_factor=0.0)
-        s.step_until(s.now + 5)
-        t0 = s.now
-        jid, eff = c.submit(s.now, JobRequest("sim", 12, work_s=5.0))
-        s._perform(c.id, eff)
-        s.step_until(s.now + 5000, stop=lambda: jid in s.finished)
-        assert s.finished[jid].ok
-        delivered_once(s, jid, 12)
-        return s.now - t0, sum(p.stats["shards_handed_back_late"] for p in s.peers.values())
+        took, s, _ = _twelve_shards_two_slow_peers(0.0, decline_late_s)
+        return took, sum(p.stats["shards_handed_back_late"] for p in s.peers.values())
 
     kept, handed_kept = run(0.0)
     back, handed = run(30.0)
@@ -178,25 +183,12 @@ def test_a_shard_queued_behind_an_overrunning_one_is_handed_back() -> None:
 
 
 def test_stragglers_get_a_backup_and_the_first_result_wins() -> None:
-    def jct(factor: float) -> tuple[float, int, object]:
-        # peers keep a queued shard however late it starts (decline_late_s=0):
-        # the slow peers' second shards would otherwise be handed back once
-        # their start slipped, and this test is about backups alone
-        s = MiniSwarm(6, seed=21, slow={1: 10.0, 2: 10.0}, peer_config=lambda i: PeerConfig(decline_late_s=0.0))
-        s.step_until(s.now + 10)
-        c = s.add_client(verify="none", straggler_factor=factor)
-        s.step_until(s.now + 5)
-        t0 = s.now
-        jid, eff = c.submit(s.now, JobRequest("sim", 12, work_s=5.0))
-        s._perform(c.id, eff)
-        s.step_until(s.now + 5000, stop=lambda: jid in s.finished)
-        assert s.finished[jid].ok
-        delivered_once(s, jid, 12)
-        return s.now - t0, c.stats["backups"], s
-
-    slow_jct, backups_off, _ = jct(0.0)
-    fast_jct, backups_on, s = jct(3.0)
-    assert backups_off == 0 and backups_on >= 1
+    # peers keep a queued shard however late it starts (decline_late_s=0):
+    # the slow peers' second shards would otherwise be handed back once
+    # their start slipped, and this test is about backups alone
+    slow_jct, _, c_off = _twelve_shards_two_slow_peers(0.0, 0.0)
+    fast_jct, s, c_on = _twelve_shards_two_slow_peers(3.0, 0.0)
+    assert c_off.stats["backups"] == 0 and c_on.stats["backups"] >= 1
     assert fast_jct < 0.6 * slow_jct, (fast_jct, slow_jct)
     # the losing copies are cancelled once the cancels arrive, not left running
     s.step_until(s.now + 1)
