@@ -22,7 +22,8 @@ that failed ``max_attempts`` times fails the job.
 
 Invitations go to the peers with the earliest estimated finish in the
 client's view (``_eta``, plus the transit), a share of them
-(``explore_ratio``) swapped for random others. The view is tens of seconds old, so bids are fresh news: each
+(``explore_ratio``) swapped for random others. The view is tens of seconds
+old, so bids are fresh news: each
 bid's start time is remembered for that peer until a newer state of it
 arrives, and when the best bid of a round finishes far later than the view
 promises elsewhere (``rebid_gain``, ``rebid_min_s``), the round is run again
