@@ -237,7 +237,7 @@ class PeerCore(Node):
             elif now >= lease.next_renew_at:
                 if lease.state == LeaseState.QUEUED:
                     ctx = ctx or self._context(now)
-                    start = now + self._start_estimate(lease, ctx)
+                    start = now + self._wait_estimate(lease.job, lease.tenant, ctx, lease.key[2], lease)
                     if self._late(lease.job, lease.tenant, now, start, lease.start_by, lease.key):
                         # later work kept outranking it here: another peer may start it sooner
                         self.stats["shards_handed_back_late"] += 1
@@ -514,42 +514,30 @@ class PeerCore(Node):
             return max(lease.run_s - (now - lease.started_at), 0.0) * lease.job.gpus
         return lease.run_s * lease.job.gpus
 
-    def _wait_estimate(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int = 0) -> float:
-        """Seconds before a new shard of ``job`` would start here: the queue
-        replayed on the slots (``core.slots``), the shards that outrank it
-        first."""
+    def _wait_estimate(
+        self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int = 0, lease: _Lease | None = None
+    ) -> float:
+        """Seconds before a shard of ``job`` would start here: the queue
+        replayed on the slots (``core.slots``), the shards that come before
+        it first. A new shard comes after every queued one that outranks it
+        or ranks equal; a queued ``lease`` after those before it in
+        ``_schedule``'s order (where each shard's rho counts its own run as
+        ahead of it)."""
         now = ctx.now
-        mine = self._prio(job, tenant, ctx, 0.0, shard)
+        queued = lease is not None
+        mine = self._prio(job, tenant, ctx, lease.run_s if lease is not None else 0.0, shard)
         free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
         ahead: list[tuple[tuple[float, float, float], LeaseKey, float, int]] = []
-        for lease in self.leases.values():
-            if lease.state == LeaseState.RUNNING:
-                left = max(lease.run_s - (now - lease.started_at), 0.0)
-                free.extend([left] * max(lease.job.gpus, 1))
-            else:
-                p = self._prio(lease.job, lease.tenant, ctx, 0.0, lease.key[2])
-                if p <= mine:
-                    ahead.append((p, lease.key, lease.run_s, max(lease.job.gpus, 1)))
-        ahead.sort(key=lambda a: (a[0], a[1]))
-        return start_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1))
-
-    def _start_estimate(self, lease: _Lease, ctx: "_PrioContext") -> float:
-        """Seconds before a queued lease would start: the slots replayed
-        with the leases that come before it in the queue order
-        (``_schedule``'s) first."""
-        now = ctx.now
-        mine = (self._prio(lease.job, lease.tenant, ctx, lease.run_s, lease.key[2]), lease.key)
-        free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
-        ahead: list[tuple[tuple[tuple[float, float, float], LeaseKey], float, int]] = []
         for other in self.leases.values():
             if other.state == LeaseState.RUNNING:
-                free.extend([max(other.run_s - (now - other.started_at), 0.0)] * max(other.job.gpus, 1))
+                left = max(other.run_s - (now - other.started_at), 0.0)
+                free.extend([left] * max(other.job.gpus, 1))
             elif other is not lease:
-                k = (self._prio(other.job, other.tenant, ctx, other.run_s, other.key[2]), other.key)
-                if k < mine:
-                    ahead.append((k, other.run_s, max(other.job.gpus, 1)))
-        ahead.sort(key=lambda a: a[0])
-        return start_after(free[: self.config.slots], ((a[1], a[2]) for a in ahead), max(lease.job.gpus, 1))
+                p = self._prio(other.job, other.tenant, ctx, other.run_s if queued else 0.0, other.key[2])
+                if (p, other.key) < (mine, lease.key) if lease is not None else p <= mine:
+                    ahead.append((p, other.key, other.run_s, max(other.job.gpus, 1)))
+        ahead.sort(key=lambda a: (a[0], a[1]))
+        return start_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1))
 
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
         job, tenant = self._job_from(cfb.job, now)
