@@ -524,7 +524,6 @@ class PeerCore(Node):
         ``_schedule``'s order (where each shard's rho counts its own run as
         ahead of it)."""
         now = ctx.now
-        queued = lease is not None
         mine = self._prio(job, tenant, ctx, lease.run_s if lease is not None else 0.0, shard)
         free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
         ahead: list[tuple[tuple[float, float, float], LeaseKey, float, int]] = []
@@ -533,7 +532,7 @@ class PeerCore(Node):
                 left = max(other.run_s - (now - other.started_at), 0.0)
                 free.extend([left] * max(other.job.gpus, 1))
             elif other is not lease:
-                p = self._prio(other.job, other.tenant, ctx, other.run_s if queued else 0.0, other.key[2])
+                p = self._prio(other.job, other.tenant, ctx, other.run_s if lease is not None else 0.0, other.key[2])
                 if (p, other.key) < (mine, lease.key) if lease is not None else p <= mine:
                     ahead.append((p, other.key, other.run_s, max(other.job.gpus, 1)))
         ahead.sort(key=lambda a: (a[0], a[1]))
@@ -601,7 +600,7 @@ class PeerCore(Node):
             return []
         why = self._can_serve(job, tenant)
         wait = 0.0
-        if not why:
+        if not why and self.config.decline_late_s > 0:  # else neither the decline nor the hand-back uses it
             wait = self._wait_estimate(job, tenant, self._context(now), award.shard)
             if self._late(job, tenant, now, now + wait):
                 why = "late"
