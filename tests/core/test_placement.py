@@ -306,7 +306,8 @@ def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_ne
     assert run.level == 1.0
 
 
-def _late_award_run(decline_late_s: float) -> tuple[str, str, float, int]:
+def _late_award_run(decline_late_s: float, b_work_s: float = 200.0,
+                    a_deadline_s: float | None = None) -> tuple[str, str, float, int]:
     """Clients A and B each call both peers at once; the fast single-slot
     peer bids "start now" to both. B's 100 s shard reaches it first; A's
     award is 1 s slower on the wire and finds the slot taken."""
@@ -318,10 +319,10 @@ def _late_award_run(decline_late_s: float) -> tuple[str, str, float, int]:
     a, b = s.add_client(1), s.add_client(2)
     s.delay = lambda src, e: 1.0 if src == a.id and e.kind == "Award" and e.to == fast else 0.0
     s.step_until(s.now + 10)
-    jb, eff = b.submit(s.now, JobRequest("sim", 1, work_s=200.0))
+    jb, eff = b.submit(s.now, JobRequest("sim", 1, work_s=b_work_s))
     s._perform(b.id, eff)
     t0 = s.now
-    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=10.0))
+    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=10.0, deadline_s=a_deadline_s))
     s._perform(a.id, eff)
     s.step_until(s.now + 300, stop=lambda: ja in s.finished)
     took = s.now - t0
@@ -370,10 +371,24 @@ def _slipped_run(decline_late_s: float) -> tuple[float, int, bool]:
 
 def test_a_peer_hands_back_a_queued_shard_whose_start_slipped_far_past_its_bid() -> None:
     took, handed, on_fast = _slipped_run(30.0)
-    assert handed == 1 and not on_fast and took < 75.0
+    # handed back: X, and B's third urgent shard (queued behind the other
+    # two, it would now miss the 55 s deadline its acceptance met)
+    assert handed == 2 and not on_fast and took < 75.0
     # kept, it waits for the urgent shards: 35 s + 3 x 20 s + its own 10 s
     took, handed, on_fast = _slipped_run(0.0)
     assert handed == 0 and on_fast and took > 95.0
+
+
+def test_a_peer_declines_an_award_that_would_now_miss_the_deadline_its_bid_met() -> None:
+    # B's shard takes the slot for 20 s: under decline_late_s (30 s), but
+    # A's 5 s shard with a 12 s deadline would finish at 25 s. Traced on
+    # eval-philly, 5,000 peers: philly-914~4 (1.55 s, 4.65 s deadline)
+    # queued 12 s on the peer that had bid "start now"
+    fast, on, took, declined = _late_award_run(30.0, b_work_s=40.0, a_deadline_s=12.0)
+    assert declined == 1 and on != fast and took < 12.0
+    # without a deadline the same 20 s slip is kept
+    fast, on, took, declined = _late_award_run(30.0, b_work_s=40.0)
+    assert declined == 0 and on == fast and took > 20.0
 
 
 def _tight_deadline_run(award_resend_s: float, deadline_s: float | None = 4.0, work_s: float = 2.0

@@ -238,7 +238,7 @@ class PeerCore(Node):
                 if lease.state == LeaseState.QUEUED:
                     ctx = ctx or self._context(now)
                     start = now + self._wait_estimate(lease.job, lease.tenant, ctx, lease.key[2], lease)
-                    if self._late(lease.job, lease.tenant, now, start, lease.start_by, lease.key):
+                    if self._late(lease.job, lease.tenant, lease.key[2], now, start, lease.start_by, lease.key):
                         # later work kept outranking it here: another peer may start it sooner
                         self.stats["shards_handed_back_late"] += 1
                         self._drop(lease)
@@ -602,7 +602,7 @@ class PeerCore(Node):
         wait = 0.0
         if not why and self.config.decline_late_s > 0:  # else neither the decline nor the hand-back uses it
             wait = self._wait_estimate(job, tenant, self._context(now), award.shard)
-            if self._late(job, tenant, now, now + wait):
+            if self._late(job, tenant, award.shard, now, now + wait):
                 why = "late"
         if why:
             self.stats["awards_declined"] += 1
@@ -635,15 +635,16 @@ class PeerCore(Node):
         return out
 
     def _late(
-        self, job: JobSpec, tenant: str, now: float, start: float, promised: float | None = None,
+        self, job: JobSpec, tenant: str, shard: int, now: float, start: float, promised: float | None = None,
         key: LeaseKey | None = None,
     ) -> bool:
         """Whether a shard of ``job`` that would start at ``start`` starts
         far later than ``promised`` (by default, what our bid said): awards
         from other clients took the slots between the bid and this award,
-        or later work outranked a queued shard. Giving it back lets the
-        client auction it again at once, where keeping it would leave it
-        queued until a straggler backup."""
+        or later work outranked a queued shard; or late enough to miss a
+        deadline the promise met. Giving it back lets the client auction it
+        again at once, where keeping it would leave it queued until a
+        straggler backup."""
         limit = self.config.decline_late_s
         if promised is None:
             promised = self._promised.get((tenant, job.job_id))
@@ -654,7 +655,11 @@ class PeerCore(Node):
         # are slots: those it counted wait for the earlier ones
         held = sum(1 for k in self.leases if k[0] == tenant and k[1] == job.job_id and k != key)
         waves = held // max(self.config.slots // max(job.gpus, 1), 1) + 1
-        return start > promised + max(limit, run_s * waves)
+        if start > promised + max(limit, run_s * waves):
+            return True
+        # a slip that breaks the deadline the promise met: elsewhere it may not
+        left = deadline_left(job, shard, now)
+        return left is not None and promised - now + run_s <= left < start - now + run_s
 
     def _etas(self, now: float) -> dict[LeaseKey, float]:
         """Seconds until each lease's shard finishes here, in queue order."""
