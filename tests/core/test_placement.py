@@ -515,3 +515,48 @@ def test_among_peers_that_would_finish_alike_the_near_one_gets_the_sub_second_sh
     for seed in (1, 2, 3):
         on_far, n = _awards_to_far_peer(seed)
         assert n == 5 and on_far == 0, (seed, on_far)
+
+
+def _old_free_states_run(stale_gain: float) -> tuple[float, bool, float, int]:
+    """Client A pulled the view once: 8 single-slot peers, all free. Then
+    client B fills the six fast ones with 100 s shards, and A hears fresh
+    states from the two slow ones only (they re-sign theirs every 5 s, the
+    fast ones every 300 s, and push them to A). A's short job is first
+    offered where its old view says, to a busy fast peer, whose bid is far
+    worse than the view promised elsewhere: a second look. Returns the
+    job's time from submit to result, whether a slow peer ran it, the
+    largest staleness A learnt and A's second looks."""
+    s = MiniSwarm(8, seed=21, peer_config=lambda i: PeerConfig(
+        slots=1, throughput={"*": 4.0 if i < 6 else 2.0}, state_ttl_s=300.0, state_refresh_s=300.0 if i < 6 else 5.0),
+        client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 30)
+    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=120.0, max_rebids=1,
+                     stale_gain=stale_gain)
+    b = s.add_client(2)
+    s.step_until(s.now + 31)  # A pulled the view once; its next pull is far away
+    jb, eff = b.submit(s.now, JobRequest("sim", 6, work_s=400.0))
+    s._perform(b.id, eff)
+    s.step_until(s.now + 3)
+    fast = [pid for i, pid in enumerate(s.peers) if i < 6]
+    slow = [pid for i, pid in enumerate(s.peers) if i >= 6]
+    assert all(any(key[1] == jb for key in s.peers[pid].leases) for pid in fast)
+    for pid in slow:
+        s._perform(pid, [s.peers[pid]._gossip_to(s.now, a.id, reply=False, entries=0)])
+    t0 = s.now
+    jid, eff = a.submit(s.now, JobRequest("sim", 1, work_s=5.0))
+    s._perform(a.id, eff)
+    s.step_until(s.now + 500, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
+    ran = next(d.peer for d in s.delivered if d.job_id == jid)
+    return s.now - t0, ran in slow, max(a._stale), a.stats["rebids"]
+
+
+def test_a_second_look_ranks_old_free_states_down_by_how_far_bids_found_them_off() -> None:
+    # trusting the view: the second look asks two more fast peers whose old
+    # states say "free"; all are busy, and the shard queues behind a 100 s one
+    took, on_slow, learnt, rebids = _old_free_states_run(stale_gain=0.0)
+    assert took > 80 and not on_slow and learnt == 0.0 and rebids == 1
+    # the first bid showed an old "free" state some 100 s off: the second
+    # look ranks the fresh "free" states of the slower peers first
+    took, on_slow, learnt, rebids = _old_free_states_run(stale_gain=0.125)
+    assert took < 5 and on_slow and learnt > 10 and rebids == 1

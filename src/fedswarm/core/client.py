@@ -90,6 +90,7 @@ class ShardState:
 
 
 _MAX_PENDING = 256  # awards remembered per peer until its next state
+_AGE_CLASSES = 8  # ages of a state: [0, 1), [1, 3), [3, 7), ... [127, inf) seconds
 
 _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.OPEN, "invite"): ShardState.BIDDING,
@@ -155,6 +156,9 @@ class _Round:
     # per bidder: awards this client sent it before the call that it had not
     # confirmed when its bid came (they may have been in flight)
     unconfirmed: dict[str, int] = field(default_factory=dict)
+    # per invitee ranked from its state alone: (staleness class, the wait
+    # that state predicted), to learn from its bid how far off states are
+    predicted: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -239,6 +243,9 @@ class ClientCore(Node):
         self._rtt: dict[str, tuple[float, float, float]] = {}
         #: region -> smoothed round trip of the bids from its peers
         self._region_rtt: dict[str, float] = {}
+        #: per staleness class (``_stale_class``): the mean of how much later
+        #: than their states predicted the peers have bid (0: no sample yet)
+        self._stale = [0.0] * (2 * 2 * _AGE_CLASSES)
 
     # ------------------------------------------------------------------
     # public API
@@ -491,7 +498,7 @@ class ClientCore(Node):
         # a second look asks twice as many: the view has just proved stale
         want = max(int(math.ceil(cfg.probe_ratio * need)), cfg.probe_min) << job.rebids
         want = min(want + excluded, cfg.probe_max, len(cands))
-        invited = self._pick(job.spec, cands, want, now)
+        invited = self._pick(job.spec, cands, want, now, stale=job.rebids > 0)
         if any(s.candidates for s in open_):
             # a second opinion from a trusted peer settles a shard at once and
             # makes a caught liar's accusation believable to the whole swarm
@@ -500,7 +507,12 @@ class ClientCore(Node):
         shards = tuple(s.index for s in open_[:4096])
         rid = job.next_round_id
         job.next_round_id += 1
-        job.round = _Round(rid, shards, set(invited), now + self._bid_window(invited), now)
+        job.round = rnd = _Round(rid, shards, set(invited), now + self._bid_window(invited), now)
+        for p in invited:
+            e = self.view.get(p)
+            if e is not None and self._news_wait(job.spec, e, now) is None:
+                w = self._view_wait(job.spec, e, now)
+                rnd.predicted[p] = (self._stale_class(job.spec, e, now, w), w)
         for i in shards:
             sh = job.shards[i]
             self._move(sh, "invite")
@@ -572,8 +584,9 @@ class ClientCore(Node):
         r = self._rtt.get(peer)
         return None if r is None else r[1] + 4.0 * r[2]
 
-    def _eta(self, spec: JobSpec, e: ViewEntry, now: float) -> float:
-        """Estimated finish of one shard of ``spec`` on ``e``'s peer.
+    def _view_wait(self, spec: JobSpec, e: ViewEntry, now: float) -> float:
+        """Seconds until one shard of ``spec`` would start on ``e``'s peer, as
+        its state says (and this client's awards there since).
 
         When the state says when each slot frees (``free_s``), the queued
         work (``backlog_s`` less what is running) is poured onto the
@@ -599,33 +612,75 @@ class ClientCore(Node):
             if spec.deadline_s is None:
                 queued = max(st.backlog_s * st.slots - sum(st.free_s), 0.0)
             t = [max(x - age, 0.0) for x in fill(st.free_s, queued)]
-            wait = start_after(t, awarded, g)
-        else:
-            backlog = max(st.backlog_s - age, 0.0)
-            wait = backlog + sum(r * h for r, h in awarded) / max(st.slots, 1)
-        news = self._news.get(e.peer)
-        if news is not None:
-            if e.issued_at > news[0]:
-                del self._news[e.peer]  # the state is newer than the bid
-            elif news[2] or spec.deadline_s is None:
-                # (an urgent shard may jump the queue a plain bid waits for)
-                wait = max(wait, news[1] - (now - news[0]))
-        return wait + spec.work_s / _speed(st.throughput, spec.task)
+            return start_after(t, awarded, g)
+        backlog = max(st.backlog_s - age, 0.0)
+        return backlog + sum(r * h for r, h in awarded) / max(st.slots, 1)
 
-    def _pick(self, spec: JobSpec, cands: list[ViewEntry], want: int, now: float) -> list[str]:
+    def _news_wait(self, spec: JobSpec, e: ViewEntry, now: float) -> float | None:
+        """The wait the peer's last bid implies now, if that bid is newer
+        than its state and speaks for ``spec`` (a bid for a shard with a
+        deadline may have jumped a queue that a plain shard waits for)."""
+        news = self._news.get(e.peer)
+        if news is None:
+            return None
+        if e.issued_at > news[0]:
+            del self._news[e.peer]  # the state is newer than the bid
+            return None
+        if news[2] or spec.deadline_s is None:
+            return news[1] - (now - news[0])
+        return None
+
+    @staticmethod
+    def _stale_class(spec: JobSpec, e: ViewEntry, now: float, wait: float) -> int:
+        """Which of ``_stale``'s means applies to a prediction from ``e``'s
+        state: by the state's age (doubling classes), by whether it showed a
+        slot free, and by whether the shard has a deadline (it may jump a queue)."""
+        age = max(now - e.issued_at, 0.0)
+        k = min(int(math.log2(1.0 + age)), _AGE_CLASSES - 1)
+        return (k * 2 + (wait > 0.5)) * 2 + (spec.deadline_s is not None)
+
+    def _eta(self, spec: JobSpec, e: ViewEntry, now: float, *, stale: bool = False) -> float:
+        """Estimated finish of one shard of ``spec`` on ``e``'s peer: its
+        wait (``_view_wait``), at least what a newer bid of the peer said
+        (``_news_wait``), then its run. ``stale``: a wait from the state
+        alone is raised by how much later than such states (of that age)
+        peers have lately bid (``_stale``)."""
+        wait = self._view_wait(spec, e, now)
+        news = self._news_wait(spec, e, now)
+        if news is not None:
+            wait = max(wait, news)
+        elif stale:
+            wait += max(self._stale[self._stale_class(spec, e, now, wait)], 0.0)
+        return wait + spec.work_s / _speed(e.state.throughput, spec.task)
+
+    def _learn_stale(self, rnd: _Round, peer: str, bid: Bid) -> None:
+        """Fold how far ``peer``'s state was off, by its bid, into the mean
+        of its staleness class."""
+        pred = rnd.predicted.get(peer)
+        if pred is None:
+            return
+        k, wait = pred
+        self._stale[k] += self.config.stale_gain * ((bid.start_s - wait) - self._stale[k])
+
+    def _pick(self, spec: JobSpec, cands: list[ViewEntry], want: int, now: float, *, stale: bool = False
+              ) -> list[str]:
         """Whom to invite: the ``want`` candidates with the earliest estimated
         finish, a share of them (``explore_ratio``) swapped for random others.
 
         The view is free to consult but seconds old; the bids say the truth.
         Ranking the whole view finds the fast peers a random sample misses on
         a heterogeneous swarm; the random picks keep stale entries honest and
-        spread load when many clients share one view.
+        spread load when many clients share one view. ``stale`` (a second
+        look, after the view proved wrong): estimates from states alone are
+        corrected by how far off states of their age have lately been, so
+        fresh states rank above old ones that say the same.
         """
         if len(cands) <= want:
             return [e.peer for e in cands]
         n_explore = min(int(want * self.config.explore_ratio), want - 1)
         top = heapq.nsmallest(want - n_explore, cands,
-                              key=lambda e: (self._eta(spec, e, now) + self._transit(e.peer, e), self._tie(e.peer)))
+                              key=lambda e: (self._eta(spec, e, now, stale=stale) + self._transit(e.peer, e),
+                                             self._tie(e.peer)))
         chosen = {e.peer for e in top}
         rest = [e for e in cands if e.peer not in chosen]
         return [e.peer for e in top] + [e.peer for e in self.rng.sample(rest, n_explore)]
@@ -743,6 +798,9 @@ class ClientCore(Node):
         # not count: those sent after the call, and those sent before it
         # that the bidder had not confirmed when it bid
         unseen = {p: self._awarded_since(p, at) + early for p, (_, at, early) in bids.items()}
+        for peer, bid in rnd.bids.items():
+            if not unseen[peer]:
+                self._learn_stale(rnd, peer, bid)
         left = self._left(job, rnd.shards, now)
         # per bidder with unseen awards: the wait this client's own replay of
         # its queue says (it changes only when a shard is awarded there)

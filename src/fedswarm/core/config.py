@@ -99,6 +99,10 @@ class ClientConfig:
     rebid_gain: float = 0.5  # re-auction when others should finish this share of the best bid's finish sooner
     rebid_min_s: float = 5.0  # ... and at least this many seconds sooner
     max_rebids: int = 2  # re-auctions of one round's shards before the best bid is taken anyway
+    # -- stale states: weight of each bid in the mean of how much later than
+    # its peer's state predicted bids come, per class of state age (an old
+    # "free" state is ranked down by that); 0: never learn, trust the view
+    stale_gain: float = 0.125
     # -- an award not confirmed by a renewal is sent again (it may be lost)
     award_resend_s: float = 2.0  # 0 disables
     award_resends: int = 3
@@ -120,6 +124,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.pull_entries <= 255:
             raise ValueError("pull_entries must be in [0, 255]")
+        if not 0.0 <= self.stale_gain <= 1.0:
+            raise ValueError("stale_gain must be in [0, 1]")
         if self.verify not in ("none", "auto", "always"):
             raise ValueError("verify must be none, auto or always")
         if self.quorum < 2 or self.max_replicas < self.quorum:
