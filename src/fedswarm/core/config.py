@@ -49,7 +49,8 @@ class PeerConfig:
     # decline an award whose shard would now start this much later than our
     # bid said (other clients' awards took the slots in between), and hand
     # back a queued shard whose start slipped this far past what we expected
-    # on accepting it; 0: never
+    # on accepting it, or whose start now misses a deadline the earlier
+    # start met; 0: never
     decline_late_s: float = 30.0
     max_backlog_s: float = math.inf
     queue_policy: str = "rho"
