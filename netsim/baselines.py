@@ -148,6 +148,7 @@ class BaselineSim:
         self.active_tenants = StepFn(0.0, 0.0)
         self._tenant_open: Counter[str] = Counter()
         self._submitted = 0
+        self._finished = 0
         self.msgs = 0
         self.bytes = 0
         self.msg_kinds: Counter[str] = Counter()
@@ -385,9 +386,10 @@ class BaselineSim:
         if len(job.got) == job.tj.shards:
             rec.finish_t = self.now
             rec.ok = True
+            self._finished += 1
             self._tenant_open[job.tj.tenant] -= 1
             self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
-            if all(j.finish_t is not None for j in self.jobs.values()) and self._submitted == len(self.jobs):
+            if self._finished == len(self.jobs) and self._submitted == len(self.jobs):
                 self.stop_at = min(self.stop_at, self.now + self.sc.settle_s)
 
     # ------------------------------------------------------------------

@@ -546,15 +546,17 @@ class Simulator:
             return
         job.finish_t = self.now
         job.ok = e.ok
+        self._finished += 1
         tname = job.tj.tenant
         self._tenant_open[tname] -= 1
         self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
         self._push(self.now + self.sc.forget_after_s, FORGET, rec, e.job_id, None)
-        if all(j.finish_t is not None for j in self.jobs.values()) and self._submitted == len(self.jobs):
+        if self._finished == len(self.jobs) and self._submitted == len(self.jobs):
             self.all_done_t = self.now
             self.stop_at = min(self.stop_at, self.now + self.sc.settle_s)
 
     _submitted = 0
+    _finished = 0
 
     # ------------------------------------------------------------------
     # churn
