@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedswarm.core.client import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
@@ -560,3 +564,29 @@ def test_a_second_look_ranks_old_free_states_down_by_how_far_bids_found_them_off
     # look ranks the fresh "free" states of the slower peers first
     took, on_slow, learnt, rebids = _old_free_states_run(stale_gain=0.125)
     assert took < 5 and on_slow and learnt > 10 and rebids == 1
+
+
+@functools.cache
+def _own_entry() -> ViewEntry:
+    (peer,) = MiniSwarm(1, seed=5).peers.values()
+    e = peer.view.get(peer.id)
+    assert e is not None
+    return e
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 1e6), st.floats(0.0, 1e6), st.floats(0.0, 1e5), st.booleans())
+def test_staleness_classes_cover_every_state_and_grow_with_age(age_a: float, age_b: float, wait: float,
+                                                               deadline: bool) -> None:
+    base = _own_entry()
+    c = ClientCore(ident(98), ClientConfig(), random.Random(1))
+    now = base.issued_at + 2e6
+    spec = JobSpec("s", "sim", 1, False, 5.0, 1, 0, 30.0 if deadline else None, 1.0, 0.0, now, b"\x80")
+    young, old = sorted((age_a, age_b))
+    k_young = c._stale_class(spec, dataclasses.replace(base, issued_at=now - young), now, wait)
+    k_old = c._stale_class(spec, dataclasses.replace(base, issued_at=now - old), now, wait)
+    assert 0 <= k_young <= k_old < len(c._stale)
+    # free / busy and deadline / none are told apart within an age class
+    k_free = c._stale_class(spec, dataclasses.replace(base, issued_at=now - young), now, 0.0)
+    assert k_young - k_free == (2 if wait > 0.5 else 0)
+    assert k_young % 2 == int(deadline)
