@@ -23,11 +23,13 @@ that failed ``max_attempts`` times fails the job.
 Invitations go to the peers with the earliest estimated finish in the
 client's view (``_eta``, plus the transit), a share of them
 (``explore_ratio``) swapped for random others. The view is tens of seconds
-old, so bids are fresh news: each
-bid's start time is remembered for that peer until a newer state of it
-arrives, and when the best bid of a round finishes far later than the view
-promises elsewhere (``rebid_gain``, ``rebid_min_s``), the round is run again
-with the next-ranked peers, keeping its bids, at most ``max_rebids`` times.
+old, so bids are fresh news: each bid's start time is remembered for that
+peer until a newer state of it arrives, and when the best bid of a round
+finishes far later than the view promises elsewhere (``rebid_gain``,
+``rebid_min_s``), the round is run again with the next-ranked peers, keeping
+its bids, at most ``max_rebids`` times. Every bid also teaches the client how
+far off states of its age were (``_stale``, ``stale_gain``); such a second
+look ranks by the view so corrected, fresh states before old ones.
 
 Exactly-once delivery: a shard may *run* more than once (an attempt thought
 lost may still finish), but the first result for a shard is delivered and
