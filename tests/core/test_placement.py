@@ -230,6 +230,19 @@ def test_awards_made_after_a_bid_count_against_it() -> None:
     assert s.now - t0 < 35.0
 
 
+def _long_then_short(s: MiniSwarm, c: ClientCore) -> tuple[str, str, float]:
+    """Job 1 (100 s of work), then, once it is awarded, job 2 (30 s): the
+    two ids and how long job 2 took."""
+    j1, eff = c.submit(s.now, JobRequest("sim", 1, work_s=100.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5, stop=lambda: c.stats["awards_sent"] >= 1)
+    t0 = s.now
+    j2, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 300, stop=lambda: j2 in s.finished)
+    return j1, j2, s.now - t0
+
+
 def test_unconfirmed_awards_sent_before_a_call_count_against_the_bid() -> None:
     # job 1 is awarded to the fast peer, but that award is slow on the wire;
     # job 2's call for bids, sent just after, overtakes it, so the fast peer
@@ -242,14 +255,7 @@ def test_unconfirmed_awards_sent_before_a_call_count_against_the_bid() -> None:
     s.step_until(s.now + 20)
     c = s.add_client()
     s.step_until(s.now + 10)
-    j1, eff = c.submit(s.now, JobRequest("sim", 1, work_s=100.0))
-    s._perform(c.id, eff)
-    s.step_until(s.now + 5, stop=lambda: c.stats["awards_sent"] >= 1)
-    t0 = s.now
-    j2, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
-    s._perform(c.id, eff)
-    s.step_until(s.now + 300, stop=lambda: j2 in s.finished)
-    took = s.now - t0
+    j1, j2, took = _long_then_short(s, c)
     s.step_until(s.now + 300, stop=lambda: j1 in s.finished)
     ran = {d.job_id: d.peer for d in s.delivered}
     assert ran[j1] == fast and ran[j2] != fast
@@ -590,3 +596,33 @@ def test_staleness_classes_cover_every_state_and_grow_with_age(age_a: float, age
     k_free = c._stale_class(spec, dataclasses.replace(base, issued_at=now - young), now, 0.0)
     assert k_young - k_free == (2 if wait > 0.5 else 0)
     assert k_young % 2 == int(deadline)
+
+
+def test_a_bid_lists_when_further_shards_start_so_an_unseen_award_does_not_take_its_one_free_slot() -> None:
+    # the fast peer has 4 slots; another tenant's job holds 3 of them, which
+    # this client's view does not show (gossip to it is held back). Job 1's
+    # award is slow on the wire, so the fast peer bids "start now" for job 2
+    # on the one slot job 1 is about to take. Its bid also says a second
+    # shard there would wait for the other tenant's (about 50 s): job 2
+    # belongs on the slow peer (20 s there against some 65 s on the fast one).
+    s = MiniSwarm(2, seed=6, peer_config=lambda i: PeerConfig(slots=4 if i == 0 else 1, decline_late_s=0.0,
+                                                           throughput={"*": 2.0 if i == 0 else 1.5}),
+                  client_config=ClientConfig(verify="none", probe_min=2))
+    fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    other = s.add_client(1)
+    s.step_until(s.now + 10)
+    held = {"on": False}
+    s.drop = lambda src, e: held["on"] and e.to == c.id and e.kind == "Gossip"
+    s.delay = lambda src, e: 1.0 if src == c.id and e.kind == "Award" and e.to == fast else 0.0
+    held["on"] = True
+    busy, eff = other.submit(s.now, JobRequest("sim", 3, work_s=100.0))
+    s._perform(other.id, eff)
+    s.step_until(s.now + 5, stop=lambda: s.peers[fast]._busy_slots == 3)
+    assert s.peers[fast]._busy_slots == 3
+    j1, j2, took = _long_then_short(s, c)
+    s.step_until(s.now + 300, stop=lambda: all(j in s.finished for j in (j1, busy)))
+    ran = {d.job_id: d.peer for d in s.delivered}
+    assert ran[j1] == fast and ran[j2] != fast
+    assert took < 25.0

@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedswarm.core.slots import fill, start_after
+from fedswarm.core.slots import fill, start_after, starts_after
 
 times = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 slots = st.lists(times, min_size=1, max_size=16)
@@ -30,6 +30,18 @@ def test_shards_ahead_take_the_earliest_slots_in_order() -> None:
     assert start_after(free, [(5.0, 2), (30.0, 1)], 2) == 45.0
     # no backfilling past a gang: the single waits behind it
     assert start_after([0.0, 100.0], [(1.0, 2)], 1) == 101.0
+
+
+def test_further_shards_of_one_job_take_the_free_slots_then_wait() -> None:
+    # 8 slots, one free, the others busy for 50 s: a second shard of 100 s
+    # waits for them (a slot count alone would say it starts at once)
+    assert starts_after([0.0] + [50.0] * 7, [], 1, 100.0, 3) == [0.0, 50.0, 50.0]
+    # a short one waits for the first instead
+    assert starts_after([0.0] + [50.0] * 7, [], 1, 10.0, 3) == [0.0, 10.0, 20.0]
+    # one slot: each waits for the one before; a queued 5 s shard goes first
+    assert starts_after([0.0], [(5.0, 1)], 1, 10.0, 3) == [5.0, 15.0, 25.0]
+    # 2-slot gangs on 4 slots
+    assert starts_after([0.0, 0.0, 0.0, 30.0], [], 2, 10.0, 3) == [0.0, 10.0, 20.0]
 
 
 def test_fill_pours_work_onto_the_earliest_slots() -> None:
@@ -56,3 +68,16 @@ def test_fill_conserves_work(free: list[float], work: float) -> None:
     added = sum(out) - sum(free)
     assert math.isclose(added, work, rel_tol=1e-6, abs_tol=1e-6)
     assert all(a >= b - 1e-9 for a, b in zip(out, sorted(free)))
+
+
+@given(slots, shards, st.integers(1, 20), st.floats(min_value=0.0, max_value=1e3, allow_nan=False), st.integers(1, 17))
+def test_further_starts_begin_where_one_start_would_and_never_go_back(
+        free: list[float], ahead: list[tuple[float, int]], g: int, run_s: float, count: int) -> None:
+    out = starts_after(free, ahead, g, run_s, count)
+    assert len(out) == count
+    assert out[0] == start_after(free, ahead, g)
+    assert all(b >= a for a, b in zip(out, out[1:]))
+    # the k-th further shard of the job is the one that would start if k
+    # of its shards were ahead of it
+    k = count - 1
+    assert math.isclose(out[-1], start_after(free, [*ahead, *[(run_s, g)] * k], g), rel_tol=1e-9, abs_tol=1e-6)

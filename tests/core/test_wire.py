@@ -81,7 +81,8 @@ messages = st.one_of(
     peer_states,
     job_specs,
     st.builds(CallForBids, st.binary(max_size=100), shard_ids, small),
-    st.builds(Bid, names, small, shard_ids, pos, pos, st.integers(1, 8), st.floats(0.01, 1), pos, pos, st.just("volunteer")),
+    st.builds(Bid, names, small, shard_ids, pos, pos, st.integers(1, 8), st.floats(0.01, 1), pos, pos, st.just("volunteer"),
+              st.lists(st.floats(0, 1e6), max_size=16).map(lambda xs: tuple(sorted(xs)))),
     st.builds(Award, st.binary(max_size=100), names, small, small, st.floats(0.01, 100), st.floats(0.01, 1)),
     st.builds(LeaseAck, names, small, small, st.booleans(), pos),
     st.builds(ShardResult, names, small, small, st.booleans(), st.binary(max_size=100), st.text(max_size=20), pos, pos, pos),
@@ -175,6 +176,14 @@ def test_older_peers_bodies_still_decode() -> None:
     assert Gossip.from_body([[], True]) == Gossip((), True, 0)
     with pytest.raises(RemoteProtocolError):
         PeerState.from_body(st.to_body()[:16] + [[5.0, 1.0]])  # free times must ascend
+    # a Bid without next_s
+    bid = Bid("j", 0, (0,), 1.0, 2.0, 4, 1.0, 5.0, 0.0, "volunteer", (3.0, 9.0))
+    assert Bid.from_body(bid.to_body()[:10]) == dataclasses.replace(bid, next_s=())
+    assert Bid.from_body(bid.to_body()) == bid
+    with pytest.raises(RemoteProtocolError):
+        Bid.from_body(bid.to_body()[:10] + [[9.0, 3.0]])  # further waits must ascend
+    with pytest.raises(RemoteProtocolError):
+        Bid.from_body(bid.to_body()[:10] + [[1.0] * 17])  # at most MAX_BID_NEXT
 
 
 def test_oversize_unknown_kind_and_version() -> None:

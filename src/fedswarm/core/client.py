@@ -183,6 +183,21 @@ class _Job:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+def _position(bid: Bid, k: int) -> float:
+    """When a shard would start on ``bid``'s peer behind ``k`` more shards
+    than the bid counted: the wait its ``next_s`` lists for that position;
+    past the list (or from a peer that sends none), whole waves of its
+    ``slots`` after the last wait it gave."""
+    if k == 0:
+        return bid.start_s
+    nxt = bid.next_s
+    if k <= len(nxt):
+        return nxt[k - 1]
+    if not nxt:
+        return bid.start_s + (k // bid.slots) * bid.run_s
+    return nxt[-1] + ((k - len(nxt)) // bid.slots + 1) * bid.run_s
+
+
 def _newest_half(d: dict[str, Any]) -> dict[str, Any]:
     """The more recently updated half of a per-peer map whose values start
     with the time of their update. Peers that left never send the newer
@@ -809,8 +824,10 @@ class ClientCore(Node):
         floor: dict[str, float] = {}
 
         def finish_on(peer: str, bid: Bid, k: int) -> float:
-            # k shards ahead that the bid did not count, spread on all slots
-            finish = bid.start_s + (k // bid.slots + 1) * bid.run_s
+            # k shards ahead that the bid did not count: at the start the
+            # bid lists for a (k+1)-th shard (its free slots go first), past
+            # those spread on all its slots
+            finish = _position(bid, k) + bid.run_s
             if unseen[peer]:
                 # the bid's start is for the slots free when it was made;
                 # unseen awards may take exactly those. This client's own

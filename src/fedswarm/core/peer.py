@@ -70,8 +70,9 @@ from .fairness import alone_time, deadline_left, estimate_rho, priority
 from .identity import Identity
 from .membership import check_membership
 from .node import Node
-from .slots import start_after
+from .slots import start_after, starts_after
 from .wire import (
+    MAX_BID_NEXT,
     Accusation,
     Award,
     AwardDecline,
@@ -523,6 +524,16 @@ class PeerCore(Node):
         or ranks equal; a queued ``lease`` after those before it in
         ``_schedule``'s order (where each shard's rho counts its own run as
         ahead of it)."""
+        return self._replay_waits(job, tenant, ctx, shard, lease)  # type: ignore[return-value]
+
+    def _wait_estimates(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int, run_s: float,
+                        count: int) -> list[float]:
+        """``_wait_estimate`` for ``count`` new shards of ``job`` (``run_s``
+        each) placed one after another: the waits a bid lists."""
+        return self._replay_waits(job, tenant, ctx, shard, None, run_s, count)  # type: ignore[return-value]
+
+    def _replay_waits(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int, lease: _Lease | None,
+                      run_s: float = 0.0, count: int = 0) -> float | list[float]:
         now = ctx.now
         mine = self._prio(job, tenant, ctx, lease.run_s if lease is not None else 0.0, shard)
         free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
@@ -536,6 +547,9 @@ class PeerCore(Node):
                 if (p, other.key) < (mine, lease.key) if lease is not None else p <= mine:
                     ahead.append((p, other.key, other.run_s, max(other.job.gpus, 1)))
         ahead.sort(key=lambda a: (a[0], a[1]))
+        if count:
+            return starts_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1),
+                                run_s, count)
         return start_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1))
 
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
@@ -549,8 +563,14 @@ class PeerCore(Node):
             self.stats[f"no_bid_{why}"] += 1
             return []
         ctx = self._context(now)  # one scan of the view serves the wait and the price of time
-        wait = self._wait_estimate(job, tenant, ctx, min(cfb.shards))
+        gpus = max(job.gpus, 1)
         work = job.work_s / self._speed(job.task)
+        # the waits of this shard and of further ones given here (this
+        # round's others, or the client's other jobs' that our bid cannot
+        # count): enough to cover the free slots and the round
+        count = min(max(self.config.slots // gpus, 1) + len(cfb.shards), MAX_BID_NEXT + 1)
+        waits = self._wait_estimates(job, tenant, ctx, min(cfb.shards), work, count)
+        wait = waits[0]
         deadline = deadline_left(job, min(cfb.shards), now)
         choice = choose_level(
             self.config.power,
@@ -562,7 +582,8 @@ class PeerCore(Node):
             time_weight=self._time_weight(job, ctx),
             race_to_idle=self.config.race_to_idle,
         )
-        gpus = max(job.gpus, 1)
+        if choice.run_s != work and count > 1:  # slowed down: the later shards wait for slower ones
+            waits = self._wait_estimates(job, tenant, ctx, min(cfb.shards), choice.run_s, count)
         bid = Bid(
             job_id=job.job_id,
             round=cfb.round,
@@ -574,6 +595,7 @@ class PeerCore(Node):
             energy_j=choice.energy_j * gpus,
             carbon_g=choice.carbon_g * gpus,
             trust=self.config.trust,
+            next_s=tuple(waits[1:]),
         )
         self.stats["bids_sent"] += 1
         self._promised[(tenant, job.job_id)] = now + wait

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
-__all__ = ["start_after", "fill"]
+__all__ = ["start_after", "starts_after", "fill"]
 
 _MAX_REPLAY = 256  # shards ahead replayed one by one; the rest are spread evenly
 
@@ -32,29 +32,52 @@ def start_after(free: Sequence[float], ahead: Iterable[tuple[float, int]], gpus:
     the order they start. A shard that holds more slots than there are is
     given all of them.
     """
+    return starts_after(free, ahead, gpus, 0.0, 1)[0]
+
+
+def starts_after(free: Sequence[float], ahead: Iterable[tuple[float, int]], gpus: int, run_s: float,
+                 count: int) -> list[float]:
+    """Seconds until each of ``count`` new shards (``gpus`` slots each,
+    ``run_s`` long) would start, placed one after another behind ``ahead``
+    (as in ``start_after``): how far a second, third... shard of one job
+    given to this peer waits, which its free slots, not its slot count,
+    decide."""
     n = len(free)
     if n == 0:
-        return 0.0
+        return [0.0] * count
     t = sorted(max(x, 0.0) for x in free)
     spread = 0.0
-    for i, (run_s, held) in enumerate(ahead):
+    for i, (run, held) in enumerate(ahead):
         if i >= _MAX_REPLAY:
-            spread += run_s * min(max(held, 1), n)
+            spread += run * min(max(held, 1), n)
             continue
-        g = min(max(held, 1), n)
-        if g == 1:
-            start = heapq.heappop(t)  # t stays a heap: smallest first
-            heapq.heappush(t, start + run_s)
+        if held <= 1:  # the common case, inline: t stays a heap, smallest first
+            heapq.heappush(t, heapq.heappop(t) + run)
             continue
-        t.sort()
-        start = t[g - 1]
-        for k in range(g):
-            t[k] = start + run_s
-        heapq.heapify(t)
+        _take(t, run, min(held, n))
     if spread:
         t = fill(t, spread)
+    g = min(max(gpus, 1), n)
+    out: list[float] = []
+    for j in range(count):
+        if j:
+            _take(t, run_s, g)
+        t.sort()
+        out.append(t[g - 1])
+    return out
+
+
+def _take(t: list[float], run_s: float, g: int) -> None:
+    """Start one shard on the ``g`` earliest slots of heap ``t``."""
+    if g == 1:
+        start = heapq.heappop(t)  # t stays a heap: smallest first
+        heapq.heappush(t, start + run_s)
+        return
     t.sort()
-    return t[min(max(gpus, 1), n) - 1]
+    start = t[g - 1]
+    for k in range(g):
+        t[k] = start + run_s
+    heapq.heapify(t)
 
 
 def fill(free: Sequence[float], work: float) -> list[float]:

@@ -312,12 +312,17 @@ class PeerState(Message):
 
 
 def _free_times(obj: Any) -> tuple[float, ...]:
-    out = tuple(_float(x, "free_s", 0, 1e9) for x in _list(obj, "free_s", 64))
+    return _waits(obj, "free_s", 64)
+
+
+def _waits(obj: Any, name: str, most: int) -> tuple[float, ...]:
+    out = tuple(_float(x, name, 0, 1e9) for x in _list(obj, name, most))
     if any(b < a for a, b in zip(out, out[1:])):
-        raise _bad("free_s", "not ascending")
+        raise _bad(name, "not ascending")
     return out
 
 
+MAX_BID_NEXT = 16  # waits a bid may list for a job's further shards
 MAX_GOSSIP_REPLY = 255  # entries a gossip reply may be asked for (one is the replier's own)
 
 
@@ -419,6 +424,9 @@ class Bid(Message):
     ``start_s`` is the estimated wait before the first shard starts,
     ``run_s`` the estimated run time of one shard at ``level``; ``slots`` how
     many of them the peer runs side by side. Energy and carbon are per shard.
+    ``next_s``: the waits before a second, third... shard of the job would
+    start here (ascending, at most ``MAX_BID_NEXT``): a peer with 8 slots and
+    one free says so. Absent from older peers.
     """
 
     KIND: ClassVar[int] = 5
@@ -432,11 +440,12 @@ class Bid(Message):
     energy_j: float
     carbon_g: float
     trust: str
+    next_s: tuple[float, ...] = ()
 
     @classmethod
     def from_body(cls, body: list[Any]) -> "Bid":
-        if len(body) != 10:
-            raise _bad("Bid", "needs 10 fields")
+        if len(body) not in (10, 11):
+            raise _bad("Bid", "needs 10 or 11 fields")
         return cls(
             _str(body[0], "job_id", 128, empty=False),
             _int(body[1], "round"),
@@ -448,6 +457,7 @@ class Bid(Message):
             _float(body[7], "energy_j", 0, 1e15),
             _float(body[8], "carbon_g", 0, 1e12),
             _str(body[9], "trust", 32),
+            _waits(body[10], "next_s", MAX_BID_NEXT) if len(body) == 11 else (),
         )
 
 
