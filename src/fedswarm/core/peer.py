@@ -70,7 +70,7 @@ from .fairness import alone_time, deadline_left, estimate_rho, priority
 from .identity import Identity
 from .membership import check_membership
 from .node import Node
-from .slots import start_after, starts_after
+from .slots import starts_after
 from .wire import (
     MAX_BID_NEXT,
     Accusation,
@@ -524,16 +524,16 @@ class PeerCore(Node):
         or ranks equal; a queued ``lease`` after those before it in
         ``_schedule``'s order (where each shard's rho counts its own run as
         ahead of it)."""
-        return self._replay_waits(job, tenant, ctx, shard, lease)  # type: ignore[return-value]
+        return self._replay_waits(job, tenant, ctx, shard, lease)[0]
 
     def _wait_estimates(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int, run_s: float,
                         count: int) -> list[float]:
         """``_wait_estimate`` for ``count`` new shards of ``job`` (``run_s``
         each) placed one after another: the waits a bid lists."""
-        return self._replay_waits(job, tenant, ctx, shard, None, run_s, count)  # type: ignore[return-value]
+        return self._replay_waits(job, tenant, ctx, shard, None, run_s, count)
 
     def _replay_waits(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int, lease: _Lease | None,
-                      run_s: float = 0.0, count: int = 0) -> float | list[float]:
+                      run_s: float = 0.0, count: int = 1) -> list[float]:
         now = ctx.now
         mine = self._prio(job, tenant, ctx, lease.run_s if lease is not None else 0.0, shard)
         free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
@@ -547,10 +547,7 @@ class PeerCore(Node):
                 if (p, other.key) < (mine, lease.key) if lease is not None else p <= mine:
                     ahead.append((p, other.key, other.run_s, max(other.job.gpus, 1)))
         ahead.sort(key=lambda a: (a[0], a[1]))
-        if count:
-            return starts_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1),
-                                run_s, count)
-        return start_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1))
+        return starts_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1), run_s, count)
 
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
         job, tenant = self._job_from(cfb.job, now)
