@@ -12,9 +12,11 @@ trips of its earlier bids). It then awards each shard to the bid minimising
 
     weight * (estimated_finish + transit) + lam * (energy_j + carbon_weight * carbon_g)
 
-where a peer's finish for its k-th shard of this round is
-``start_s + (k // slots + 1) * run_s`` and ``transit`` is the peer's smoothed
-round trip (award out, result back) (the award rule). A winner holds a lease:
+where a peer's finish for a shard with k more ahead of it than its bid
+counted (this round's earlier ones, awards the bid could not know of) is
+the k-th of the waits the bid lists (``next_s``) plus ``run_s``, and
+``transit`` is the peer's smoothed round trip (award out, result back)
+(the award rule). A winner holds a lease:
 it renews it with ``LeaseRenew``; the client answers ``LeaseAck`` and keeps
 the lease alive for ``lease_s`` after each renewal. A lapsed lease, a decline
 or a failed result reopens the shard with the next attempt number; a shard
