@@ -524,16 +524,12 @@ class PeerCore(Node):
         or ranks equal; a queued ``lease`` after those before it in
         ``_schedule``'s order (where each shard's rho counts its own run as
         ahead of it)."""
-        return self._replay_waits(job, tenant, ctx, shard, lease)[0]
+        return self._wait_estimates(job, tenant, ctx, shard, lease=lease)[0]
 
-    def _wait_estimates(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int, run_s: float,
-                        count: int) -> list[float]:
+    def _wait_estimates(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int, run_s: float = 0.0,
+                        count: int = 1, lease: _Lease | None = None) -> list[float]:
         """``_wait_estimate`` for ``count`` new shards of ``job`` (``run_s``
         each) placed one after another: the waits a bid lists."""
-        return self._replay_waits(job, tenant, ctx, shard, None, run_s, count)
-
-    def _replay_waits(self, job: JobSpec, tenant: str, ctx: "_PrioContext", shard: int, lease: _Lease | None,
-                      run_s: float = 0.0, count: int = 1) -> list[float]:
         now = ctx.now
         mine = self._prio(job, tenant, ctx, lease.run_s if lease is not None else 0.0, shard)
         free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
