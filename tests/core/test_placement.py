@@ -624,3 +624,24 @@ def test_a_bid_lists_when_further_shards_start_so_an_unseen_award_does_not_take_
     ran = {d.job_id: d.peer for d in s.delivered}
     assert ran[j1] == fast and ran[j2] != fast
     assert took < 25.0
+
+
+def test_a_finished_award_no_longer_holds_a_slot_in_the_view() -> None:
+    # the client counts its awards to a peer as queued there until a newer
+    # state of the peer comes; once the shard's result is in, it is not
+    s = MiniSwarm(1, seed=5, peer_config=lambda i: PeerConfig(slots=1),
+                  client_config=ClientConfig(verify="none", probe_min=1))
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    s.step_until(s.now + 10)
+    (pid,) = s.peers
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=5.0))
+    s._perform(c.id, eff)
+    spec = c.jobs[jid].spec
+    s.step_until(s.now + 1)
+    e = c.view.get(pid)
+    assert c._view_wait(spec, e, s.now) > 3.5  # the award is queued there
+    s.step_until(s.now + 30, stop=lambda: jid in s.finished)
+    # read through the state the award was made on: only the result says
+    # the slot is free again
+    assert c._view_wait(spec, e, s.now) == 0.0

@@ -970,12 +970,24 @@ class ClientCore(Node):
         if found is None:
             raise RemoteProtocolError("unknown-lease", msg.job_id)
         job, sh = found
+        self._unpend(signed.author, msg.job_id, msg.shard, msg.attempt)
         self.stats["declines"] += 1
         sh.live.discard(msg.attempt)
         if not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._reopen(job, sh)
             return self._advance(now, job)
         return []
+
+    def _unpend(self, peer: str, job_id: str, shard: int, attempt: int) -> None:
+        """An award to ``peer`` is over (its result or decline came): it no
+        longer holds a slot there in this client's replay of the peer's
+        queue, until a newer state would have dropped it anyway."""
+        pend = self._pending.get(peer)
+        if pend is None:
+            return
+        held = [a for a in pend[1] if not (a[3] == job_id and a[4] == shard and a[5] == attempt)]
+        if len(held) != len(pend[1]):
+            self._pending[peer] = (pend[0], held)
 
     def _reopen(self, job: _Job, sh: _Shard) -> None:
         sh.live.discard(sh.attempt)
@@ -989,6 +1001,7 @@ class ClientCore(Node):
         if found is None:
             raise RemoteProtocolError("unsolicited-result", msg.job_id)
         job, sh = found
+        self._unpend(signed.author, msg.job_id, msg.shard, msg.attempt)
         ack = self._send(signed.author, ResultAck(msg.job_id, msg.shard, msg.attempt), now)
         if job.finished or sh.state == ShardState.DONE or any(c[1] == msg.attempt for c in sh.candidates):
             self.stats["results_duplicate"] += 1
