@@ -469,10 +469,13 @@ def test_a_start_now_bid_floored_by_unseen_awards_does_not_skip_the_second_look(
 
 
 def _silent_invitee_run(bid_window_min_s: float) -> float:
-    """Three peers, all invited. They all answer the first job's call, so
-    the client knows each one's round trip; for the second job one bid is
-    lost on the wire. Returns the second job's time from submit to result."""
-    s = MiniSwarm(3, seed=3, peer_config=lambda i: PeerConfig(throughput={"*": 1.0}),
+    """Three peers, all invited. They all answer the first job's call (the
+    fastest one's bid closes its round, the others' late bids still count
+    as round trips), so the client knows each one's round trip; for the
+    second job the bid of the fastest (which the view says would win) is
+    lost on the wire.
+    Returns the second job's time from submit to result."""
+    s = MiniSwarm(3, seed=3, peer_config=lambda i: PeerConfig(throughput={"*": 4.0 if i == 1 else 1.0}),
                   client_config=ClientConfig(verify="none", bid_window_min_s=bid_window_min_s))
     s.step_until(s.now + 5)
     c = s.add_client()
@@ -481,7 +484,7 @@ def _silent_invitee_run(bid_window_min_s: float) -> float:
     s._perform(c.id, eff)
     s.step_until(s.now + 10, stop=lambda: first in s.finished)
     assert first in s.finished
-    silent = sorted(s.peers)[1]
+    silent = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 4.0)
     s.drop = lambda src, e: src == silent and e.kind == "Bid"
     t0 = s.now
     second, eff = c.submit(s.now, JobRequest("sim", 1, work_s=0.1))
@@ -624,6 +627,88 @@ def test_a_bid_lists_when_further_shards_start_so_an_unseen_award_does_not_take_
     ran = {d.job_id: d.peer for d in s.delivered}
     assert ran[j1] == fast and ran[j2] != fast
     assert took < 25.0
+
+
+def test_a_round_closes_without_the_invitee_whose_state_says_it_would_lose() -> None:
+    # two 1-slot peers; one runs another tenant's 100 s shard and then
+    # crashes, so it never bids. The client's view still shows it busy: the
+    # free peer's bid beats anything it could say, and the round closes on
+    # that bid instead of waiting out the bid window for the crashed one.
+    s = MiniSwarm(2, seed=4, peer_config=lambda i: PeerConfig(slots=1),
+                  client_config=ClientConfig(verify="none", probe_min=2, bid_window_s=2.0))
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    other = s.add_client(1)
+    s.step_until(s.now + 10)
+    busy, eff = other.submit(s.now, JobRequest("sim", 1, work_s=100.0))
+    s._perform(other.id, eff)
+    s.step_until(s.now + 30)  # the busy state reaches the client
+    (gone,) = [pid for pid, p in s.peers.items() if p._busy_slots]
+    s.crash(gone)
+    e = c.view.get(gone)
+    assert e is not None and e.state.free_s[0] > 50
+    t0 = s.now
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 60, stop=lambda: jid in s.finished)
+    assert c.stats["rounds_closed_early"] == 1
+    assert s.now - t0 < 10.0 + 0.5  # not 10 s + the 2 s window
+
+
+def test_a_round_waits_for_an_invitee_whose_state_says_it_could_win() -> None:
+    # the same, but the crashed peer was idle and is the faster one: its
+    # state says it would beat the bid in hand, so the round waits for it
+    # (the bid window) before it awards the slower peer
+    s = MiniSwarm(2, seed=4, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 2.0 if i == 0 else 1.0}),
+                  client_config=ClientConfig(verify="none", probe_min=2, bid_window_s=2.0))
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    s.step_until(s.now + 10)
+    fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
+    s.crash(fast)
+    t0 = s.now
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 60, stop=lambda: jid in s.finished)
+    assert c.stats["rounds_closed_early"] == 0
+    assert s.now - t0 >= 10.0 + 2.0
+
+
+def _far_fast_peer_run() -> tuple[float, ClientCore, str, str]:
+    """Two idle 1-slot peers: a near one, and a far one (0.2 s more each
+    way) that runs twice as fast. The first job teaches the client both
+    round trips; the second job's time from submit to result is returned,
+    with the client and who ran each job."""
+    s = MiniSwarm(2, seed=5, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 2.0 if i == 0 else 1.0}),
+                  client_config=ClientConfig(verify="none", probe_min=2, bid_window_s=2.0))
+    far = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
+    s.delay = lambda src, e: 0.2 if far in (src, e.to) else 0.0
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    s.step_until(s.now + 10)
+    first, eff = c.submit(s.now, JobRequest("sim", 1, work_s=1.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 30, stop=lambda: first in s.finished)
+    assert first in s.finished
+    s.step_until(s.now + 5)
+    t0 = s.now
+    second, eff = c.submit(s.now, JobRequest("sim", 1, work_s=1.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 30, stop=lambda: second in s.finished)
+    ran = {d.job_id: d.peer for d in s.delivered}
+    return s.now - t0, c, ran[first], ran[second]
+
+
+def test_a_round_does_not_wait_for_a_bid_whose_round_trip_costs_more_than_it_could_gain() -> None:
+    # the far peer would finish 0.1 s sooner if its bid were in hand now,
+    # but its bid is 0.4 s away: awarding the near peer at once is sooner.
+    # The first job, with no round trip known, waits for both bids and
+    # goes to the far, faster peer.
+    took, c, first, second = _far_fast_peer_run()
+    far = next(p for p in c.view.peers() if c._transit(p) > 0.3)
+    assert first == far and second != far
+    assert c.stats["rounds_closed_early"] == 1
+    assert took < 1.2  # near: ~1.04 s; waiting for the far bid: ~1.34 s
 
 
 def test_a_finished_award_no_longer_holds_a_slot_in_the_view() -> None:

@@ -180,6 +180,9 @@ class _Job:
     finished_at: float = 0.0
     # a second look: bids kept from the rounds re-run, and who was asked
     carried: dict[str, tuple[Bid, float, int]] = field(default_factory=dict)
+    # the last round closed before every invitee bid: (id, when its call
+    # went out, who had not bid), to learn round trips from late bids
+    closed: tuple[int, float, frozenset[str]] | None = None
     asked: set[str] = field(default_factory=set)
     rebids: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -728,6 +731,9 @@ class ClientCore(Node):
         rnd = job.round
         if rnd is None or rnd.id != bid.round:
             self.stats["bids_late"] += 1
+            late = job.closed
+            if late is not None and late[0] == bid.round and signed.author in late[2]:
+                self._sample_rtt(signed.author, now, now - late[1])
             return []
         if signed.author not in rnd.invited:
             raise RemoteProtocolError("uninvited-bid", signed.author[:16])
@@ -737,9 +743,45 @@ class ClientCore(Node):
         rnd.unconfirmed[signed.author] = self._unconfirmed(signed.author, rnd.called_at)
         self._sample_rtt(signed.author, now, now - rnd.called_at)
         self.stats["bids_received"] += 1
-        if len(rnd.bids) >= len(rnd.invited):
+        if len(rnd.bids) >= len(rnd.invited) or self._rest_would_lose(now, job, rnd):
             return self._close_round(now, job) + self._advance(now, job)
         return []
+
+    def _rest_would_lose(self, now: float, job: _Job, rnd: _Round) -> bool:
+        """Whether a one-shard round may close before every invitee bid:
+        the best bid in hand finishes sooner than each missing invitee
+        would, by the view, were its bid to come when its round trip says
+        (a bid still on its way delays the award by the time left to its
+        arrival). Waiting for them, up to the bid window, would most likely
+        change nothing but the award's time: a far peer's bid arrives after
+        a near one's, a peer that crashed or is busy for minutes never
+        wins. Not for shards awaiting a trusted second opinion or jobs that
+        price energy (neither is ranked by finish alone)."""
+        if len(rnd.shards) != 1 or job.spec.lam > 0:
+            return False
+        sh = job.shards[rnd.shards[0]]
+        if sh.candidates:
+            return False
+        spec = job.spec
+        best = math.inf
+        bids = {**job.carried, **{p: (b, rnd.called_at, rnd.unconfirmed.get(p, 0)) for p, b in rnd.bids.items()}}
+        for p, (b, at, early) in bids.items():
+            if p in sh.exclude or p in self.banned:
+                continue
+            best = min(best, _position(b, self._awarded_since(p, at) + early) + b.run_s + self._transit(p))
+        for p in rnd.invited:
+            if p in rnd.bids or p in sh.exclude or p in self.banned:
+                continue
+            e = self.view.get(p)
+            if e is None:
+                return False
+            rtt = self._transit(p, e)
+            arrives = max(rnd.called_at + rtt - now, 0.0)
+            if arrives + self._eta(spec, e, now) + rtt <= best:
+                return False
+        self.stats["rounds_closed_early"] += 1
+        job.closed = (rnd.id, rnd.called_at, frozenset(rnd.invited - rnd.bids.keys()))
+        return True
 
     @staticmethod
     def _left(job: _Job, shards: tuple[int, ...], now: float) -> float:
