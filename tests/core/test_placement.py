@@ -708,7 +708,7 @@ def test_a_round_does_not_wait_for_a_bid_whose_round_trip_costs_more_than_it_cou
     far = next(p for p in c.view.peers() if c._transit(p) > 0.3)
     assert first == far and second != far
     assert c.stats["rounds_closed_early"] == 1
-    assert took < 1.2  # near: ~1.04 s; waiting for the far bid: ~1.34 s
+    assert took < 1.2  # 1.07 s here; 1.55 s (to the far peer) with the rule off
 
 
 def test_a_finished_award_no_longer_holds_a_slot_in_the_view() -> None:
