@@ -764,8 +764,7 @@ class ClientCore(Node):
             return False
         spec = job.spec
         best = math.inf
-        bids = {**job.carried, **{p: (b, rnd.called_at, rnd.unconfirmed.get(p, 0)) for p, b in rnd.bids.items()}}
-        for p, (b, at, early) in bids.items():
+        for p, (b, at, early) in self._bids_in_hand(job, rnd).items():
             if p in sh.exclude or p in self.banned:
                 continue
             best = min(best, _position(b, self._awarded_since(p, at) + early) + b.run_s + self._transit(p))
@@ -782,6 +781,13 @@ class ClientCore(Node):
         self.stats["rounds_closed_early"] += 1
         job.closed = (rnd.id, rnd.called_at, frozenset(rnd.invited - rnd.bids.keys()))
         return True
+
+    @staticmethod
+    def _bids_in_hand(job: _Job, rnd: _Round) -> dict[str, tuple[Bid, float, int]]:
+        """Per bidder, the round's bids and those a second look carried over:
+        (bid, when its call went out, awards sent before the call that it
+        had not confirmed). Awards sent since the call may not be in it."""
+        return {**job.carried, **{p: (b, rnd.called_at, rnd.unconfirmed.get(p, 0)) for p, b in rnd.bids.items()}}
 
     @staticmethod
     def _left(job: _Job, shards: tuple[int, ...], now: float) -> float:
@@ -852,9 +858,7 @@ class ClientCore(Node):
         out: list[Effect] = []
         for peer, bid in rnd.bids.items():
             self._remember(now, peer, bid, spec.deadline_s is not None)
-        # (bid, when its call went out): awards sent since may not be in it
-        called = rnd.called_at
-        bids = {**job.carried, **{p: (b, called, rnd.unconfirmed.get(p, 0)) for p, b in rnd.bids.items()}}
+        bids = self._bids_in_hand(job, rnd)
         # shards this client gave a bidder (for other jobs) that its bid may
         # not count: those sent after the call, and those sent before it
         # that the bidder had not confirmed when it bid
