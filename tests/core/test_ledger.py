@@ -29,7 +29,7 @@ def merged(*ls: Ledger) -> Ledger:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(events, events, events)
 def test_merge_laws(a, b, c) -> None:
     # each peer only writes its own entries: split the events by peer
@@ -39,7 +39,7 @@ def test_merge_laws(a, b, c) -> None:
     assert merged(A, A) == merged(A)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(events)
 def test_rows_replicate_the_whole_ledger(evts) -> None:
     src = build(evts)

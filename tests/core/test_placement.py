@@ -583,7 +583,7 @@ def _own_entry() -> ViewEntry:
     return e
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.floats(0.0, 1e6), st.floats(0.0, 1e6), st.floats(0.0, 1e5), st.booleans())
 def test_staleness_classes_cover_every_state_and_grow_with_age(age_a: float, age_b: float, wait: float,
                                                                deadline: bool) -> None:

@@ -90,7 +90,7 @@ messages = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(messages, st.floats(-1e9, 1e9), st.integers(0, 2**63))
 def test_round_trip(msg, issued_at, nonce) -> None:
     try:
@@ -106,14 +106,14 @@ def test_round_trip(msg, issued_at, nonce) -> None:
     assert got.nonce == nonce
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500)
 @given(st.binary(max_size=512))
 def test_garbage_is_a_typed_error(data) -> None:
     with pytest.raises(RemoteProtocolError):
         decode(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(messages, st.data())
 def test_any_bit_flip_is_rejected_or_identical(msg, data) -> None:
     try:
@@ -130,7 +130,7 @@ def test_any_bit_flip_is_rejected_or_identical(msg, data) -> None:
     assert got.msg == msg and got.author == ALICE.peer_id
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8) | st.binary(max_size=8),
                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=4), max_leaves=20))
 def test_wrong_shapes_are_rejected(obj) -> None:

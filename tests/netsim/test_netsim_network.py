@@ -14,7 +14,7 @@ ids = st.text(alphabet="abcdefXYZ0123456789", min_size=1, max_size=12)
 regions = st.sampled_from(["us", "eu", "asia"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(a=ids, b=ids, ra=regions, rb=regions, seed=st.integers(0, 2**64 - 1))
 def test_link_latency_is_a_symmetric_function_of_the_link_within_its_range(a, b, ra, rb, seed):
     net = NetworkModel(seed=seed)
