@@ -180,8 +180,9 @@ class _Job:
     finished_at: float = 0.0
     # a second look: bids kept from the rounds re-run, and who was asked
     carried: dict[str, tuple[Bid, float, int]] = field(default_factory=dict)
-    # the last round closed before every invitee bid: (id, when its call
-    # went out, who had not bid), to learn round trips from late bids
+    # the last round closed before every invitee bid (early, or when its
+    # window ran out): (id, when its call went out, who had not bid), to
+    # learn round trips from late bids
     closed: tuple[int, float, frozenset[str]] | None = None
     asked: set[str] = field(default_factory=set)
     rebids: int = 0
@@ -251,6 +252,8 @@ class ClientCore(Node):
         # (when to send the award again, job_id, shard, attempt, lease_until then, resends so far)
         self._award_heap: list[tuple[float, str, int, int, float, int]] = []
         self._next_gossip = 0.0
+        #: the peer asked by our last pull, and when (its answer times a round trip)
+        self._pulled: tuple[str, float] | None = None
         self._counter = 0
         #: peer -> (last award time, [(run seconds, slots, sent at, job_id,
         #: shard, attempt)] of each shard awarded there since its state was issued)
@@ -327,6 +330,12 @@ class ClientCore(Node):
         msg = signed.msg
         try:
             if isinstance(msg, Gossip):
+                pulled = self._pulled
+                if pulled is not None and pulled[0] == inp.sender and not msg.reply:
+                    # the answer to our last pull: a round trip to that peer
+                    # (and its region) before any call for bids goes there
+                    self._pulled = None
+                    self._sample_rtt(inp.sender, now, now - pulled[1])
                 return self._handle_gossip(now, inp.sender, msg)
             if isinstance(msg, PeerState):
                 self._merge_state(now, inp.data, signed)
@@ -356,7 +365,9 @@ class ClientCore(Node):
             if peers:
                 # a client has no state to push; it pulls a large slice of a
                 # peer's view, so that it knows most candidates for its jobs
-                out.append(self._gossip_to(now, self.rng.choice(peers), reply=True, entries=0, want=self.config.pull_entries))
+                to = self.rng.choice(peers)
+                self._pulled = (to, now)
+                out.append(self._gossip_to(now, to, reply=True, entries=0, want=self.config.pull_entries))
         heap = self._lease_heap
         while heap and heap[0][0] <= now:
             found = self._held(heapq.heappop(heap), lease=True)
@@ -498,6 +509,11 @@ class ClientCore(Node):
     def _advance(self, now: float, job: _Job) -> list[Effect]:
         out: list[Effect] = []
         if job.round is not None and now >= job.round.close_at:
+            rnd = job.round
+            if len(rnd.bids) < len(rnd.invited):
+                # the window ran out: a bid that comes after it is still a
+                # round trip (a longer one than the timeout assumed)
+                job.closed = (rnd.id, rnd.called_at, frozenset(rnd.invited - rnd.bids.keys()))
             out.extend(self._close_round(now, job))
         if job.finished or job.round is not None or now < job.next_round_at or not job.counts[ShardState.OPEN]:
             return out
