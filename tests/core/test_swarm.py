@@ -241,6 +241,17 @@ def test_a_repeated_award_is_answered_with_a_renewal_and_runs_once() -> None:
     assert peer.stats["shards_started"] == 1 and took < 12.0
 
 
+def test_a_lost_result_is_sent_again_after_the_clients_round_trip_timeout() -> None:
+    # the peer timed the client's round trip on its renewals' acks (20 ms
+    # here), so a lost result goes again after about that timeout, not the
+    # whole result_retry_s (1 s)
+    clean, _, _ = _one_shard(lambda src, e: False, 2.0, 5.0)
+    lost, s, _ = _one_shard(_first("ShardResult"), 2.0, 5.0)
+    (peer,) = s.peers.values()
+    assert peer.stats["results_resent"] == 1
+    assert lost - clean < 0.25  # 1.0 s before the peer timed its clients
+
+
 def _cut_off_run(who: str) -> tuple[ClientCore, str]:
     """A 20 s shard runs on one of 3 peers; for 30 s either the client or the
     holder is cut off from everyone, so the lease (10 s) lapses at the client."""

@@ -28,8 +28,10 @@ A peer does four things, all driven by ``handle(now, input)`` and
    (``CancelShard`` if it runs); a lease with no ack for ``lease_grace_s``
    is abandoned (its client is gone), which garbage-collects orphaned work.
 4. **Results.** ``ShardFinished`` from the executor becomes a
-   ``ShardResult`` to the client, resent every ``result_retry_s`` until a
-   ``ResultAck`` (at most ``result_retries`` times). The GPU-seconds go into
+   ``ShardResult`` to the client, resent until a ``ResultAck`` (at most
+   ``result_retries`` times): first after the client's retransmission
+   timeout (its round trip as timed on renewals and result acks, plus four
+   deviations), doubling up to ``result_retry_s``. The GPU-seconds go into
    the tenant ledger, whose own row rides in the next ``PeerState``.
 
 Lease states per (tenant, job, shard, attempt)::
@@ -127,6 +129,7 @@ class _Lease:
     started_at: float = 0.0
     granted_s: float = 0.0  # lease length the client last granted
     start_by: float = math.inf  # when it was expected to start on acceptance
+    renew_sent_at: float = 0.0  # when the renewal its next ack answers went out (0: none out)
 
     @property
     def tenant(self) -> str:
@@ -139,6 +142,8 @@ class _Outbox:
     msg: ShardResult
     next_at: float
     left: int
+    sent_at: float  # the first send (an ack of a resent result times nothing)
+    wait_s: float  # until the next resend (doubles up to result_retry_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +200,9 @@ class PeerCore(Node):
         self._tenant_load: dict[str, float] = {}
         #: (tenant, job_id) -> when our last bid said its shard would start
         self._promised: dict[tuple[str, str], float] = {}
+        #: client -> (smoothed round trip, mean deviation), from renewals
+        #: and results and their acks; it times the resend of a result
+        self._client_rtt: dict[str, tuple[float, float]] = {}
         self.throughput = dict(config.throughput)
         self.spans: tuple[Any, ...] = ()
         self.now_w = config.power.idle_w
@@ -258,7 +266,8 @@ class PeerCore(Node):
                     del self.outbox[key]
                     continue
                 ob.left -= 1
-                ob.next_at = now + self.config.result_retry_s
+                ob.wait_s = min(2.0 * ob.wait_s, self.config.result_retry_s)
+                ob.next_at = now + ob.wait_s
                 out.append(self._send(ob.client, ob.msg, now))
                 self.stats["results_resent"] += 1
         out.extend(self._schedule(now))
@@ -421,8 +430,11 @@ class PeerCore(Node):
                 return self._on_lease_ack(now, signed, msg)
             if isinstance(msg, ResultAck):
                 key = (signed.author, msg.job_id, msg.shard, msg.attempt)
-                if self.outbox.pop(key, None) is not None:
+                ob = self.outbox.pop(key, None)
+                if ob is not None:
                     self.stats["results_acked"] += 1
+                    if ob.left == self.config.result_retries:  # sent once: the ack times it
+                        self._sample_rtt(signed.author, now - ob.sent_at)
                 else:
                     self.stats["result_acks_unmatched"] += 1
                 return []
@@ -697,6 +709,7 @@ class PeerCore(Node):
 
     def _renew_msg(self, lease: _Lease, now: float, eta: float | None = None) -> LeaseRenew:
         running = lease.state == LeaseState.RUNNING
+        lease.renew_sent_at = now  # (a renewal whose ack was lost is timed by its successor)
         if eta is None:
             eta = self._etas(now).get(lease.key, 0.0)
         return LeaseRenew(lease.job.job_id, lease.key[2], lease.key[3], running, eta)
@@ -711,11 +724,34 @@ class PeerCore(Node):
             self.stats["leases_revoked"] += 1
             return self._drop(lease) + self._schedule(now)
         lease.last_ack_at = now
+        if lease.renew_sent_at > 0:
+            self._sample_rtt(signed.author, now - lease.renew_sent_at)
+            lease.renew_sent_at = 0.0
         # the client may grant a longer lease to a shard with a long way to
         # go: renew at a third of it (never more often than configured)
         lease.granted_s = ack.lease_s
         lease.next_renew_at = max(lease.next_renew_at, now + ack.lease_s / 3.0)
         return []
+
+    def _sample_rtt(self, client: str, sample: float) -> None:
+        """A round trip to ``client`` (RFC 6298's smoothing)."""
+        old = self._client_rtt.get(client)
+        if old is None:
+            self._client_rtt[client] = (sample, sample / 2.0)
+        else:
+            self._client_rtt[client] = (0.875 * old[0] + 0.125 * sample, 0.75 * old[1] + 0.25 * abs(old[0] - sample))
+        if len(self._client_rtt) > 4096:
+            self._client_rtt = dict(list(self._client_rtt.items())[2048:])  # the newest half
+
+    def _result_wait(self, client: str) -> float:
+        """How long a result to ``client`` goes unacknowledged before it is
+        sent again: the client's retransmission timeout (smoothed round trip
+        plus four deviations), at least 50 ms, at most ``result_retry_s``
+        (also for a client never timed). A result lost on the wire costs a
+        sub-second shard one such timeout, not a whole second."""
+        r = self._client_rtt.get(client)
+        cap = self.config.result_retry_s
+        return cap if r is None else min(max(r[0] + 4.0 * r[1], 0.05), cap)
 
     def _grace(self, lease: _Lease) -> float:
         """Silence from the client after which a lease is abandoned."""
@@ -868,7 +904,8 @@ class PeerCore(Node):
         else:
             self.stats["shards_failed"] += 1
         msg = ShardResult(fin.job_id, fin.shard, fin.attempt, fin.ok, fin.result, fin.error[:1024], gpu_s, energy, carbon)
-        self.outbox[key] = _Outbox(lease.tenant, msg, now + self.config.result_retry_s, self.config.result_retries)
+        wait = self._result_wait(lease.tenant)
+        self.outbox[key] = _Outbox(lease.tenant, msg, now + wait, self.config.result_retries, now, wait)
         out: list[Effect] = [self._send(lease.tenant, msg, now)]
         out.extend(self._schedule(now))
         return out
