@@ -44,7 +44,7 @@ class PeerConfig:
     # -- auction, leases, results ------------------------------------------
     renew_interval_s: float = 2.0
     lease_grace_s: float = 12.0  # abandon a shard whose client stopped acking
-    result_retry_s: float = 1.0
+    result_retry_s: float = 1.0  # longest wait before a result is resent (the first: the client's timed RTO)
     result_retries: int = 60
     # decline an award whose shard would now start this much later than our
     # bid said (other clients' awards took the slots in between), and hand
