@@ -117,6 +117,35 @@ def test_priced_energy_slows_down_when_idle_and_races_behind_a_queue() -> None:
     assert _levels(s, late) == {1.0}
 
 
+def test_a_shard_run_again_after_its_holder_crashed_runs_at_full_clock() -> None:
+    # a 10 s shard whose 60 s deadline allows the 0.6 clock (16.7 s) starts
+    # at 0.6; its holder crashes 5 s in and the lease lapses. The deadline
+    # would still allow 0.6 for the second attempt, but that attempt has
+    # lost time already: it runs at full clock
+    s = MiniSwarm(2, seed=3, peer_config=lambda i: PeerConfig(slots=1, power=A100),
+                  client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 10)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, deadline_s=60.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 5)
+    (first,) = [(pid, lease) for pid, p in s.peers.items() for key, lease in p.leases.items() if key[1] == jid]
+    assert first[1].level == 0.6 and first[1].state == "running"
+    s.crash(first[0])
+    levels: list[float] = []
+    (other,) = [p for pid, p in s.peers.items() if pid != first[0]]
+
+    def rerun_started() -> bool:
+        levels.extend(lease.level for key, lease in other.leases.items() if key[1] == jid and lease.state == "running")
+        return bool(levels)
+
+    s.step_until(s.now + 60, stop=rerun_started)
+    assert levels[0] == 1.0
+    s.step_until(s.now + 60, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
+
+
 def test_urgent_deadlines_jump_the_queue_earliest_first() -> None:
     common = dict(policy="rho", weight=1.0, share=0.0, remaining_s=10.0, arrival=0.0, knob=1.0)
     starving = priority(rho=50.0, **common)

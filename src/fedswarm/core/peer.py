@@ -637,13 +637,20 @@ class PeerCore(Node):
                 self.stats["awards_declined_late"] += 1
             return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
         work = job.work_s / self._speed(job.task)
-        run_s = work / award.level
-        e = self.config.power.energy(work, award.level) * max(job.gpus, 1)
+        level = award.level
+        if award.attempt > 0:
+            # a later attempt: the shard has lost time already (its holder
+            # was lost, handed it back or straggled, or its result awaits a
+            # second opinion); running it slower to save energy would
+            # stretch that loss, so it runs at the top allowed clock
+            level = max(level, self.config.power.allowed_levels()[-1])
+        run_s = work / level
+        e = self.config.power.energy(work, level) * max(job.gpus, 1)
         lease = _Lease(
             key=key,
             job=job,
             job_raw=award.job,
-            level=award.level,
+            level=level,
             run_s=run_s,
             energy_j=e,
             accepted_at=now,
