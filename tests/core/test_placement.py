@@ -54,6 +54,25 @@ def _entry(peer: str, base: ViewEntry, **changes: object) -> ViewEntry:
     return ViewEntry(peer, dataclasses.replace(base.state, **changes), base.issued_at, base.raw, base.learnt_at)
 
 
+def test_a_short_shard_invites_the_near_peer_that_runs_it_slower() -> None:
+    # F runs the 0.5 s shard in 0.5 s but is 0.17 s away (a round trip);
+    # N needs 0.71 s and is 0.03 s away. Through F it takes two round trips
+    # (call and bid, award and result) and the run, 0.84 s; through N 0.77 s
+    s = MiniSwarm(1, seed=5, peer_config=lambda i: PeerConfig(slots=8))
+    (peer,) = s.peers.values()
+    base = peer.view.get(peer.id)
+    assert base is not None
+    far = _entry("F", base, throughput={"*": 1.0})
+    near = _entry("N", base, throughput={"*": 0.7})
+    c = ClientCore(ident(99), ClientConfig(explore_ratio=0.0), random.Random(1))
+    now = base.issued_at
+    c._rtt.update({"F": (now, 0.17, 0.0), "N": (now, 0.03, 0.0)})
+    short = JobSpec("s", "sim", 1, False, 0.5, 1, 0, None, 1.0, 0.0, now, b"\x80")
+    assert c._pick(short, [far, near], 1, now) == ["N"]
+    # a 5 s shard: F's 1.5 s faster run outweighs its round trips
+    assert c._pick(dataclasses.replace(short, work_s=5.0), [far, near], 1, now) == ["F"]
+
+
 def test_gang_ranking_uses_when_slots_free_together() -> None:
     s = MiniSwarm(1, seed=5, peer_config=lambda i: PeerConfig(slots=8))
     (peer,) = s.peers.values()

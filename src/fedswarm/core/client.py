@@ -704,6 +704,9 @@ class ClientCore(Node):
               ) -> list[str]:
         """Whom to invite: the ``want`` candidates with the earliest estimated
         finish, a share of them (``explore_ratio``) swapped for random others.
+        A finish through a peer counts two of its round trips: the call and
+        its bid, then the award and the result (for a sub-second shard a
+        near peer that runs it slower can finish first).
 
         The view is free to consult but seconds old; the bids say the truth.
         Ranking the whole view finds the fast peers a random sample misses on
@@ -717,7 +720,7 @@ class ClientCore(Node):
             return [e.peer for e in cands]
         n_explore = min(int(want * self.config.explore_ratio), want - 1)
         top = heapq.nsmallest(want - n_explore, cands,
-                              key=lambda e: (self._eta(spec, e, now, stale=stale) + self._transit(e.peer, e),
+                              key=lambda e: (self._eta(spec, e, now, stale=stale) + 2.0 * self._transit(e.peer, e),
                                              self._tie(e.peer)))
         chosen = {e.peer for e in top}
         rest = [e for e in cands if e.peer not in chosen]
