@@ -760,15 +760,21 @@ def test_a_round_does_not_wait_for_a_bid_whose_round_trip_costs_more_than_it_cou
     assert took < 1.2  # 1.07 s here; 1.55 s (to the far peer) with the rule off
 
 
-def test_a_finished_award_no_longer_holds_a_slot_in_the_view() -> None:
-    # the client counts its awards to a peer as queued there until a newer
-    # state of the peer comes; once the shard's result is in, it is not
-    s = MiniSwarm(1, seed=5, peer_config=lambda i: PeerConfig(slots=1),
+def _one_slot_peer_and_client(seed: int) -> tuple[MiniSwarm, ClientCore, str]:
+    """A 1-slot peer and a client that has heard from it for 10 s."""
+    s = MiniSwarm(1, seed=seed, peer_config=lambda i: PeerConfig(slots=1),
                   client_config=ClientConfig(verify="none", probe_min=1))
     s.step_until(s.now + 20)
     c = s.add_client(0)
     s.step_until(s.now + 10)
     (pid,) = s.peers
+    return s, c, pid
+
+
+def test_a_finished_award_no_longer_holds_a_slot_in_the_view() -> None:
+    # the client counts its awards to a peer as queued there until a newer
+    # state of the peer comes; once the shard's result is in, it is not
+    s, c, pid = _one_slot_peer_and_client(5)
     jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=5.0))
     s._perform(c.id, eff)
     spec = c.jobs[jid].spec
@@ -786,12 +792,7 @@ def test_bids_slower_than_the_timed_round_trip_still_win_work() -> None:
     # the peer's bids take 0.3 s (a loaded peer). Every round's window runs
     # out before its bid comes; the late bids must count as round trips,
     # or no round ever waits long enough and the job never runs.
-    s = MiniSwarm(1, seed=6, peer_config=lambda i: PeerConfig(slots=1),
-                  client_config=ClientConfig(verify="none", probe_min=1))
-    s.step_until(s.now + 20)
-    c = s.add_client(0)
-    s.step_until(s.now + 10)
-    (peer,) = s.peers
+    s, c, peer = _one_slot_peer_and_client(6)
     assert c._rto(peer) is not None and c._rto(peer) < 0.3  # a pull timed it
     s.delay = lambda src, e: 0.3 if e.kind == "Bid" else 0.0
     t0 = s.now
