@@ -643,7 +643,7 @@ class PeerCore(Node):
             # was lost, handed it back or straggled, or its result awaits a
             # second opinion); running it slower to save energy would
             # stretch that loss, so it runs at the top allowed clock
-            level = max(level, self.config.power.allowed_levels()[-1])
+            level = self.config.power.allowed_levels()[-1]
         run_s = work / level
         e = self.config.power.energy(work, level) * max(job.gpus, 1)
         lease = _Lease(
