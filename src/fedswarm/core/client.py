@@ -61,7 +61,7 @@ from .config import ClientConfig
 from .events import TOPIC_ACCUSATIONS, Effect, Input, JobFinished, MessageReceived, Publish, Send, ShardDelivered
 from .fairness import deadline_left
 from .identity import Identity
-from .node import Node
+from .node import Node, smooth_rtt
 from .slots import fill, start_after
 from .view import ViewEntry
 from .wire import (
@@ -509,11 +509,6 @@ class ClientCore(Node):
     def _advance(self, now: float, job: _Job) -> list[Effect]:
         out: list[Effect] = []
         if job.round is not None and now >= job.round.close_at:
-            rnd = job.round
-            if len(rnd.bids) < len(rnd.invited):
-                # the window ran out: a bid that comes after it is still a
-                # round trip (a longer one than the timeout assumed)
-                job.closed = (rnd.id, rnd.called_at, frozenset(rnd.invited - rnd.bids.keys()))
             out.extend(self._close_round(now, job))
         if job.finished or job.round is not None or now < job.next_round_at or not job.counts[ShardState.OPEN]:
             return out
@@ -565,11 +560,7 @@ class ClientCore(Node):
     def _sample_rtt(self, peer: str, now: float, sample: float) -> None:
         """A call-for-bids-to-bid round trip of ``peer`` (RFC 6298's smoothing)."""
         old = self._rtt.get(peer)
-        if old is None:
-            srtt, var = sample, sample / 2.0
-        else:
-            var = 0.75 * old[2] + 0.25 * abs(old[1] - sample)
-            srtt = 0.875 * old[1] + 0.125 * sample
+        srtt, var = smooth_rtt(None if old is None else (old[1], old[2]), sample)
         e = self.view.get(peer)
         if e is not None:
             region = e.state.region
@@ -798,7 +789,6 @@ class ClientCore(Node):
             if arrives + self._eta(spec, e, now) + rtt <= best:
                 return False
         self.stats["rounds_closed_early"] += 1
-        job.closed = (rnd.id, rnd.called_at, frozenset(rnd.invited - rnd.bids.keys()))
         return True
 
     @staticmethod
@@ -873,6 +863,12 @@ class ClientCore(Node):
         rnd = job.round
         assert rnd is not None
         job.round = None
+        missing = rnd.invited - rnd.bids.keys()
+        if missing:
+            # closed early or when its window ran out: a bid that comes
+            # later is still a round trip (a longer one than the timeout
+            # assumed), and is sampled as one
+            job.closed = (rnd.id, rnd.called_at, frozenset(missing))
         spec = job.spec
         out: list[Effect] = []
         for peer, bid in rnd.bids.items():

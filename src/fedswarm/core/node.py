@@ -34,6 +34,22 @@ from .wire import (
 __all__ = ["Node", "Guard", "RateLimiter"]
 
 
+def smooth_rtt(old: tuple[float, float] | None, sample: float) -> tuple[float, float]:
+    """Fold a round-trip ``sample`` into ``old`` (smoothed round trip, mean
+    deviation; None: the first sample), as RFC 6298 does. The
+    retransmission timeout is the smoothed round trip plus four deviations."""
+    if old is None:
+        return sample, sample / 2.0
+    srtt, var = old
+    return 0.875 * srtt + 0.125 * sample, 0.75 * var + 0.25 * abs(srtt - sample)
+
+
+def forget_oldest(d: dict[Any, Any], n: int) -> dict[Any, Any]:
+    """``d`` without its first ``n`` entries in insertion order (a bounded
+    map that forgets its oldest keys)."""
+    return dict(list(d.items())[n:])
+
+
 class RateLimiter:
     """Token bucket per sender: ``rate`` messages/s, bursts up to ``burst``.
 

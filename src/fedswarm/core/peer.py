@@ -71,7 +71,7 @@ from .events import (
 from .fairness import alone_time, deadline_left, estimate_rho, priority
 from .identity import Identity
 from .membership import check_membership
-from .node import Node
+from .node import Node, forget_oldest, smooth_rtt
 from .slots import starts_after
 from .wire import (
     MAX_BID_NEXT,
@@ -605,7 +605,7 @@ class PeerCore(Node):
         self.stats["bids_sent"] += 1
         self._promised[(tenant, job.job_id)] = now + wait
         if len(self._promised) > 4096:
-            self._promised = dict(list(self._promised.items())[2048:])  # the newest half
+            self._promised = forget_oldest(self._promised, 2048)
         return [self._send(tenant, bid, now)]
 
     def _on_award(self, now: float, signed: Signed, award: Award) -> list[Effect]:
@@ -742,13 +742,9 @@ class PeerCore(Node):
 
     def _sample_rtt(self, client: str, sample: float) -> None:
         """A round trip to ``client`` (RFC 6298's smoothing)."""
-        old = self._client_rtt.get(client)
-        if old is None:
-            self._client_rtt[client] = (sample, sample / 2.0)
-        else:
-            self._client_rtt[client] = (0.875 * old[0] + 0.125 * sample, 0.75 * old[1] + 0.25 * abs(old[0] - sample))
+        self._client_rtt[client] = smooth_rtt(self._client_rtt.get(client), sample)
         if len(self._client_rtt) > 4096:
-            self._client_rtt = dict(list(self._client_rtt.items())[2048:])  # the newest half
+            self._client_rtt = forget_oldest(self._client_rtt, 2048)
 
     def _result_wait(self, client: str) -> float:
         """How long a result to ``client`` goes unacknowledged before it is
