@@ -8,7 +8,8 @@ its view (see below), sends each a ``CallForBids`` carrying the
 tenant-signed ``JobSpec``, and collects ``Bid``s until every invitee
 answered, or for ``bid_window_s`` at most (less when it has heard from every
 invitee before: the slowest one's retransmission timeout, from the round
-trips of its earlier bids). It then awards each shard to the bid minimising
+trips of its earlier bids, late ones included, and of its view pulls). It
+then awards each shard to the bid minimising
 
     weight * (estimated_finish + transit) + lam * (energy_j + carbon_weight * carbon_g)
 
@@ -23,7 +24,8 @@ or a failed result reopens the shard with the next attempt number; a shard
 that failed ``max_attempts`` times fails the job.
 
 Invitations go to the peers with the earliest estimated finish in the
-client's view (``_eta``, plus the transit), a share of them
+client's view (``_eta``, plus twice the transit: the call and its bid,
+the award and its result), a share of them
 (``explore_ratio``) swapped for random others. The view is tens of seconds
 old, so bids are fresh news: each bid's start time is remembered for that
 peer until a newer state of it arrives, and when the best bid of a round
