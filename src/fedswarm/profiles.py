@@ -46,6 +46,7 @@ Schema (every table optional except ``devices``; unknown keys are errors)::
     state_ttl_s = 30.0
     state_refresh_s = 10.0
     max_view = 1024
+    join_pull = 255
 
     [lease]
     renew_interval_s = 2.0
@@ -154,6 +155,7 @@ _MAPPED = {
         "state_ttl_s": "state_ttl_s",
         "state_refresh_s": "state_refresh_s",
         "max_view": "max_view",
+        "join_pull": "join_pull",
     },
     "lease": {
         "renew_interval_s": "renew_interval_s",
@@ -162,7 +164,7 @@ _MAPPED = {
         "result_retries": "result_retries",
     },
 }
-_INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "result_retries"}
+_INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "join_pull", "result_retries"}
 _BOOL_FIELDS = {"race_to_idle"}
 _STR_FIELDS = {"queue_policy"}
 

@@ -24,12 +24,14 @@ def run(s: MiniSwarm, shards: int, **client_kw) -> tuple[str, object]:
 def test_liar_is_caught_and_no_wrong_result_is_delivered(rate: float) -> None:
     s = MiniSwarm(8, seed=11, liars={3: rate}, trusted=(0,))
     s.step_until(s.now + 10)
-    jid, c = run(s, 80, verify="always")
+    jid, c = run(s, 160, verify="always")
     assert s.finished[jid].ok
     results = {d.shard: d.result for d in s.delivered if d.job_id == jid}
-    assert results == {i: b"r%d" % i for i in range(80)}
+    assert results == {i: b"r%d" % i for i in range(160)}
     liar = [p for p in s.peers if s.liar_ids.get(p)][0]
-    assert s.lies >= 1  # (the liar's share of 80 shards makes a lie all but certain at 0.2)
+    # the liar runs about 20 of 160 shards: at 0.2, no lie at all has odds
+    # of about 1 in 100 for a placement (80 shards gave it 10 and no lie)
+    assert s.lies >= 1
     assert liar in c.banned
     assert c.stats["liars_caught"] >= 1
 

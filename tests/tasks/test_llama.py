@@ -23,6 +23,9 @@ def full_logits(head, span, ids):
     return head.logits(span(head.embed(ids)))
 
 
+# Cached decode and a full recompute sum in different orders: float32
+# logits of magnitude ~7 differ by ~1e-5 (1.16e-5 seen on tiny-llama-gqa);
+# a wrong cache position moves them by whole units.
 def test_kv_cache_decode_equals_full_recompute(model):
     head, span, _ = model
     ids = _ids(12, 0)
@@ -33,11 +36,11 @@ def test_kv_cache_decode_equals_full_recompute(model):
         out.append(head.logits(span(head.embed(ids[:, t : t + 1]), cache)))
     assert cache.length == 12
     got = torch.cat(out, dim=1)
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
     # Roll back and redo the last step: same result.
     cache.truncate(11)
     again = head.logits(span(head.embed(ids[:, 11:12]), cache))
-    torch.testing.assert_close(again, ref[:, 11:12], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, ref[:, 11:12], rtol=1e-5, atol=1e-4)
 
 
 def test_batched_decode_of_sessions_at_different_positions(model):
@@ -55,15 +58,15 @@ def test_batched_decode_of_sessions_at_different_positions(model):
         c = span.new_cache(16)
         span(head.embed(p), c)
         alone = head.logits(span(head.embed(nxt[b : b + 1]), c))
-        torch.testing.assert_close(batched[b : b + 1], alone, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched[b : b + 1], alone, rtol=1e-5, atol=1e-4)
         full = full_logits(head, span, torch.cat([p, nxt[b : b + 1]], dim=1))[:, -1:]
-        torch.testing.assert_close(batched[b : b + 1], full, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched[b : b + 1], full, rtol=1e-5, atol=1e-4)
     # A second batched step (now with a multi-token chunk per row) still agrees.
     chunk = torch.tensor([[1, 2], [3, 4], [5, 6]])
     two = head.logits(span(head.embed(chunk), caches))
     for b, p in enumerate(prompts):
         seq = torch.cat([p, nxt[b : b + 1], chunk[b : b + 1]], dim=1)
-        torch.testing.assert_close(two[b : b + 1], full_logits(head, span, seq)[:, -2:], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(two[b : b + 1], full_logits(head, span, seq)[:, -2:], rtol=1e-5, atol=1e-4)
 
 
 def test_split_spans_equal_one_span(model):

@@ -41,6 +41,7 @@ class PeerConfig:
     state_refresh_s: float = 10.0
     gossip_probe_rate: float = 0.1  # per round: ask a lost or bootstrap peer for its view
     max_view: int = 1024
+    join_pull: int = 255  # view entries asked of each bootstrap peer on start (<= 255)
     # -- auction, leases, results ------------------------------------------
     renew_interval_s: float = 2.0
     lease_grace_s: float = 12.0  # abandon a shard whose client stopped acking
@@ -71,6 +72,8 @@ class PeerConfig:
             raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}")
         if self.slots < 1 or self.gossip_fanout < 0 or self.gossip_interval_s <= 0:
             raise ValueError("bad slots / gossip settings")
+        if not 0 <= self.join_pull <= 255:
+            raise ValueError("join_pull must be in [0, 255]")
 
 
 @dataclass(frozen=True)

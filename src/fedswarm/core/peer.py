@@ -8,8 +8,11 @@ A peer does four things, all driven by ``handle(now, input)`` and
 1. **Gossip.** Every ``gossip_interval_s`` it sends ``gossip_fanout`` peers
    from its view its own signed ``PeerState`` plus ``gossip_entries`` others
    (``core.view``). It re-signs its state when it changes noticeably or every
-   ``state_refresh_s``. On start and on leave it also publishes its state on
-   ``TOPIC_PEERS`` so joins and leaves spread at once.
+   ``state_refresh_s``. On start it sends its state to its bootstrap peers
+   and asks each for ``join_pull`` entries of their view (rumour gossip
+   spreads the join from there, so a join costs a constant number of
+   messages); on leave it publishes its state on ``TOPIC_PEERS`` so a
+   leave is known at once.
 2. **Bidding.** On a ``CallForBids`` whose tenant-signed ``JobSpec`` it can
    serve (task kind, devices, memory, tenant policy, not leaving), it answers
    with a ``Bid``: the wait before the shards would start here given its
@@ -213,13 +216,17 @@ class PeerCore(Node):
     def start(self, now: float) -> list[Effect]:
         self.started = True
         self._next_gossip = now + self.rng.uniform(0, self.config.gossip_interval_s)
-        out: list[Effect] = []
-        raw = self._refresh_state(now, force=True)
-        out.append(Publish(TOPIC_PEERS, raw, "PeerState"))
-        for b in self.config.bootstrap:
-            if b != self.id:
-                out.append(self._gossip_to(now, b, reply=True, entries=self.config.gossip_entries))
-        return out
+        self._refresh_state(now, force=True)
+        # A join is told to the bootstrap peers only, who answer with up to
+        # ``join_pull`` entries of their view; rumour gossip carries it on
+        # from there. Publishing it on TOPIC_PEERS would cost every peer up
+        # a message per join: O(N^2) when a whole swarm starts at once.
+        want = self.config.join_pull
+        return [
+            self._gossip_to(now, b, reply=True, entries=self.config.gossip_entries, want=want)
+            for b in self.config.bootstrap
+            if b != self.id
+        ]
 
     def handle(self, now: float, inp: Input) -> list[Effect]:
         if isinstance(inp, MessageReceived):
