@@ -118,7 +118,8 @@ def test_scaled_keeps_mix():
 # -- views ---------------------------------------------------------------------
 
 def view_sim(**kw):
-    sc = make_scenario(swarm=[{"profile": "workstation-rtx4090", "count": 50}], max_time_s=1000,
+    kw.setdefault("swarm", [{"profile": "workstation-rtx4090", "count": 50}])
+    sc = make_scenario(max_time_s=1000,
                        network={"regions": {"us": 1, "eu": 1}, **kw.pop("network", {})}, **kw)
     return Simulator(sc, seed=9)
 
@@ -182,3 +183,18 @@ def test_long_partition_heals():
     sim = view_sim(network={"partitions": [{"start_s": 20, "end_s": 120, "fraction": 0.5}]})
     sim.run_until(300.0)
     assert all_know_each_other(sim)
+
+
+def test_a_swarm_that_starts_at_once_pays_a_constant_number_of_messages_per_peer():
+    per_peer = {}
+    for n in (25, 100):
+        sim = view_sim(swarm=[{"profile": "workstation-rtx4090", "count": n}])
+        sim.run_until(6.0)  # the peers start in [0, warmup_s / 2] = [0, 5]
+        assert "PeerState" not in sim.msg_kinds  # a join is not published
+        per_peer[n] = sum(sim.msg_kinds.values()) / n
+        sim.run_until(30.0)  # rumour gossip still spreads every join
+        views = [{e.peer for e in r.core.view.live(sim.now)} for r in sim.live_peers()]
+        for r in sim.live_peers():
+            assert sum(r.id in v for v in views) >= 0.9 * len(views)
+    # publishing each join to every peer up cost ~n/2 messages per peer
+    assert per_peer[100] < 1.25 * per_peer[25], per_peer
