@@ -725,6 +725,37 @@ def test_a_round_waits_for_an_invitee_whose_state_says_it_could_win() -> None:
     assert s.now - t0 >= 10.0 + window
 
 
+def test_a_round_waits_for_an_invitee_whose_queue_the_shard_may_pass() -> None:
+    # a near slow peer is idle; a far one, four times as fast, runs another
+    # tenant's 30 s shard with two more queued. Its queue is shortest first
+    # (fairness_knob 0), so a 10 s shard goes next: it would finish there in
+    # about 28 s, against 40 s on the slow peer. The client's view shows the
+    # queue; the round must still wait for the far peer's bid, since the
+    # shard may pass what is queued (not only what runs).
+    s = MiniSwarm(2, seed=7, peer_config=lambda i: PeerConfig(slots=1, fairness_knob=0.0,
+                                                           throughput={"*": 1.0 if i == 0 else 0.25}),
+                  client_config=ClientConfig(verify="none", probe_min=2, bid_window_s=2.0))
+    fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 1.0)
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    other = s.add_client(1)
+    s.step_until(s.now + 10)
+    s.delay = lambda src, e: 0.2 if c.id in (src, e.to) and fast in (src, e.to) else 0.0
+    busy, eff = other.submit(s.now, JobRequest("sim", 3, work_s=30.0))
+    s._perform(other.id, eff)
+    s.step_until(s.now + 12)  # the fast peer's queue reaches the client's view
+    assert sum(1 for lease in s.peers[fast].leases.values() if lease.key[1] == busy) == 3
+    e = c.view.get(fast)
+    assert e is not None and e.state.backlog_s > 40.0
+    t0 = s.now
+    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0))
+    s._perform(c.id, eff)
+    s.step_until(s.now + 120, stop=lambda: jid in s.finished)
+    ran = {d.job_id: d.peer for d in s.delivered}
+    assert ran[jid] == fast
+    assert s.now - t0 < 32.0  # about 40 s on the slow peer
+
+
 def _far_fast_peer_run() -> tuple[float, ClientCore, str, str]:
     """Two idle 1-slot peers: a near one, and a far one (0.2 s more each
     way) that runs twice as fast. The client's view pulls and the first

@@ -615,7 +615,7 @@ class ClientCore(Node):
         r = self._rtt.get(peer)
         return None if r is None else r[1] + 4.0 * r[2]
 
-    def _view_wait(self, spec: JobSpec, e: ViewEntry, now: float) -> float:
+    def _view_wait(self, spec: JobSpec, e: ViewEntry, now: float, *, queued: bool = True) -> float:
         """Seconds until one shard of ``spec`` would start on ``e``'s peer, as
         its state says (and this client's awards there since).
 
@@ -627,6 +627,8 @@ class ClientCore(Node):
         (``core.slots``). A shard with a deadline skips the queued work: it
         jumps the queue when it is urgent (``fairness.URGENT_SLACK``).
         Without ``free_s`` the backlog is taken as an average per slot.
+        ``queued=False``: the soonest the shard could start, past running
+        work only (a fairness-ordered queue may put it ahead of the rest).
         """
         st = e.state
         age = max(now - e.issued_at, 0.0)
@@ -639,11 +641,13 @@ class ClientCore(Node):
             else:
                 awarded = [(a[0], a[1]) for a in pend[1]]
         if st.free_s and len(st.free_s) == st.slots:
-            queued = 0.0
-            if spec.deadline_s is None:
-                queued = max(st.backlog_s * st.slots - sum(st.free_s), 0.0)
-            t = [max(x - age, 0.0) for x in fill(st.free_s, queued)]
+            poured = 0.0
+            if spec.deadline_s is None and queued:
+                poured = max(st.backlog_s * st.slots - sum(st.free_s), 0.0)
+            t = [max(x - age, 0.0) for x in fill(st.free_s, poured)]
             return start_after(t, awarded, g)
+        if not queued:
+            return 0.0  # no slot times: running and queued work are not told apart
         backlog = max(st.backlog_s - age, 0.0)
         return backlog + sum(r * h for r, h in awarded) / max(st.slots, 1)
 
@@ -762,9 +766,13 @@ class ClientCore(Node):
     def _rest_would_lose(self, now: float, job: _Job, rnd: _Round) -> bool:
         """Whether a one-shard round may close before every invitee bid:
         the best bid in hand finishes sooner than each missing invitee
-        would, by the view, were its bid to come when its round trip says
+        could, by the view, were its bid to come when its round trip says
         (a bid still on its way delays the award by the time left to its
-        arrival). Waiting for them, up to the bid window, would most likely
+        arrival). "Could": past the invitee's running work only, since its
+        queue is ordered by fairness and the shard may pass what waits
+        there (a peer whose state showed minutes of queued work bid a start
+        in 62 s for a tenant with the worst rho, and a round that counted
+        the queue gave the shard to a finish 6 minutes later). Waiting for them, up to the bid window, would most likely
         change nothing but the award's time: a far peer's bid arrives after
         a near one's, a peer that crashed or is busy for minutes never
         wins. Not for shards awaiting a trusted second opinion or jobs that
@@ -788,7 +796,8 @@ class ClientCore(Node):
                 return False
             rtt = self._transit(p, e)
             arrives = max(rnd.called_at + rtt - now, 0.0)
-            if arrives + self._eta(spec, e, now) + rtt <= best:
+            soonest = self._view_wait(spec, e, now, queued=False) + spec.work_s / _speed(e.state.throughput, spec.task)
+            if arrives + soonest + rtt <= best:
                 return False
         self.stats["rounds_closed_early"] += 1
         return True
