@@ -217,6 +217,11 @@ def _speed(throughput: dict[str, float], task: str) -> float:
     return max(throughput.get(task, throughput.get("*", 1.0)), 1e-6)
 
 
+def _run_s(spec: JobSpec, e: ViewEntry) -> float:
+    """Seconds one shard of ``spec`` runs on ``e``'s peer, by its state."""
+    return spec.work_s / _speed(e.state.throughput, spec.task)
+
+
 class ClientCore(Node):
     """A tenant's auction and lease bookkeeping. See the module docstring."""
 
@@ -686,7 +691,7 @@ class ClientCore(Node):
             wait = max(wait, news)
         elif stale:
             wait += max(self._stale[self._stale_class(spec, e, now, wait)], 0.0)
-        return wait + spec.work_s / _speed(e.state.throughput, spec.task)
+        return wait + _run_s(spec, e)
 
     def _learn_stale(self, rnd: _Round, peer: str, bid: Bid) -> None:
         """Fold how far ``peer``'s state was off, by its bid, into the mean
@@ -772,11 +777,12 @@ class ClientCore(Node):
         queue is ordered by fairness and the shard may pass what waits
         there (a peer whose state showed minutes of queued work bid a start
         in 62 s for a tenant with the worst rho, and a round that counted
-        the queue gave the shard to a finish 6 minutes later). Waiting for them, up to the bid window, would most likely
-        change nothing but the award's time: a far peer's bid arrives after
-        a near one's, a peer that crashed or is busy for minutes never
-        wins. Not for shards awaiting a trusted second opinion or jobs that
-        price energy (neither is ranked by finish alone)."""
+        the queue gave the shard to a finish 6 minutes later). Waiting for
+        them, up to the bid window, would most likely change nothing but
+        the award's time: a far peer's bid arrives after a near one's, a
+        peer that crashed or is busy for minutes never wins. Not for shards
+        awaiting a trusted second opinion or jobs that price energy
+        (neither is ranked by finish alone)."""
         if len(rnd.shards) != 1 or job.spec.lam > 0:
             return False
         sh = job.shards[rnd.shards[0]]
@@ -796,7 +802,7 @@ class ClientCore(Node):
                 return False
             rtt = self._transit(p, e)
             arrives = max(rnd.called_at + rtt - now, 0.0)
-            soonest = self._view_wait(spec, e, now, queued=False) + spec.work_s / _speed(e.state.throughput, spec.task)
+            soonest = self._view_wait(spec, e, now, queued=False) + _run_s(spec, e)
             if arrives + soonest + rtt <= best:
                 return False
         self.stats["rounds_closed_early"] += 1
@@ -912,7 +918,7 @@ class ClientCore(Node):
                     e = self.view.get(peer)
                     wait = -math.inf
                     if e is not None:
-                        wait = self._eta(spec, e, now) - spec.work_s / _speed(e.state.throughput, spec.task)
+                        wait = self._eta(spec, e, now) - _run_s(spec, e)
                     floor[peer] = wait
                 finish = max(finish, wait + bid.run_s)
             return finish

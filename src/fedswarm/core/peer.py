@@ -479,8 +479,9 @@ class PeerCore(Node):
             return "backlog"
         return ""
 
-    def _speed(self, task: str) -> float:
-        return max(self.throughput.get(task, self.throughput.get("*", 1.0)), 1e-6)
+    def _run_s(self, job: JobSpec) -> float:
+        """Seconds one shard of ``job`` runs here at full clock."""
+        return job.work_s / max(self.throughput.get(job.task, self.throughput.get("*", 1.0)), 1e-6)
 
     def _context(self, now: float) -> "_PrioContext":
         """What every priority computed at ``now`` shares (computed once)."""
@@ -526,7 +527,7 @@ class PeerCore(Node):
             arrival=job.submitted_at,
             knob=c.fairness_knob,
             deadline_left_s=deadline_left(job, shard, ctx.now),
-            run_s=job.work_s / self._speed(job.task),
+            run_s=self._run_s(job),
         )
 
     def _remaining(self, lease: _Lease, now: float | None) -> float:
@@ -576,7 +577,7 @@ class PeerCore(Node):
             return []
         ctx = self._context(now)  # one scan of the view serves the wait and the price of time
         gpus = max(job.gpus, 1)
-        work = job.work_s / self._speed(job.task)
+        work = self._run_s(job)
         # the waits of this shard and of further ones given here (this
         # round's others, or the client's other jobs' that our bid cannot
         # count): enough to cover the free slots and the round
@@ -643,7 +644,7 @@ class PeerCore(Node):
             if why == "late":
                 self.stats["awards_declined_late"] += 1
             return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
-        work = job.work_s / self._speed(job.task)
+        work = self._run_s(job)
         level = award.level
         if award.attempt > 0:
             # a later attempt: the shard has lost time already (its holder
@@ -691,7 +692,7 @@ class PeerCore(Node):
             promised = self._promised.get((tenant, job.job_id))
         if limit <= 0 or promised is None:
             return False
-        run_s = job.work_s / self._speed(job.task)
+        run_s = self._run_s(job)
         # the client may knowingly send more shards of the job than there
         # are slots: those it counted wait for the earlier ones
         held = sum(1 for k in self.leases if k[0] == tenant and k[1] == job.job_id and k != key)
