@@ -780,7 +780,11 @@ class ClientCore(Node):
         the queue gave the shard to a finish 6 minutes later). Waiting for
         them, up to the bid window, would most likely change nothing but
         the award's time: a far peer's bid arrives after a near one's, a
-        peer that crashed or is busy for minutes never wins. Not for shards
+        peer that crashed or is busy for minutes never wins. "Sooner": by
+        more than ``close_margin_s``; an invitee that could at best tie is
+        not waited for (a lost bid from one of four idle peers alike, 1 ms
+        nearer by its round trip, kept a 0.35 s task's round open for the
+        whole 0.5 s window). Not for shards
         awaiting a trusted second opinion or jobs that price energy
         (neither is ranked by finish alone)."""
         if len(rnd.shards) != 1 or job.spec.lam > 0:
@@ -803,7 +807,7 @@ class ClientCore(Node):
             rtt = self._transit(p, e)
             arrives = max(rnd.called_at + rtt - now, 0.0)
             soonest = self._view_wait(spec, e, now, queued=False) + _run_s(spec, e)
-            if arrives + soonest + rtt <= best:
+            if arrives + soonest + rtt < best - self.config.close_margin_s:
                 return False
         self.stats["rounds_closed_early"] += 1
         return True

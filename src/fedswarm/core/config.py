@@ -87,6 +87,11 @@ class ClientConfig:
     # a round waits less when every invitee answered before: their longest
     # retransmission timeout (see ClientCore._bid_window), never below this
     bid_window_min_s: float = 0.05
+    # a one-shard round closes before every invitee has bid unless a missing
+    # one could still finish more than this sooner than the best bid in hand
+    # (see ClientCore._rest_would_lose): a smaller gain is within the noise of
+    # the estimates, and waiting for it costs the whole window when a bid was lost
+    close_margin_s: float = 0.01
     retry_backoff_s: float = 0.5
     retry_backoff_max_s: float = 8.0
     lease_s: float = 8.0  # a lease lapses this long after the last renewal
