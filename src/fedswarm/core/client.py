@@ -784,9 +784,9 @@ class ClientCore(Node):
         more than ``close_margin_s``; an invitee that could at best tie is
         not waited for (a lost bid from one of four idle peers alike, 1 ms
         nearer by its round trip, kept a 0.35 s task's round open for the
-        whole 0.5 s window). Not for shards
-        awaiting a trusted second opinion or jobs that price energy
-        (neither is ranked by finish alone)."""
+        whole 0.5 s window). Not for shards awaiting a trusted second
+        opinion or jobs that price energy (neither is ranked by finish
+        alone)."""
         if len(rnd.shards) != 1 or job.spec.lam > 0:
             return False
         sh = job.shards[rnd.shards[0]]
