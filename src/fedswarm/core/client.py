@@ -61,7 +61,7 @@ from typing import Any
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
 from .events import TOPIC_ACCUSATIONS, Effect, Input, JobFinished, MessageReceived, Publish, Send, ShardDelivered
-from .fairness import deadline_left
+from .fairness import deadline_left, run_time
 from .identity import Identity
 from .node import Node, smooth_rtt
 from .slots import fill, start_after
@@ -211,15 +211,6 @@ def _newest_half(d: dict[str, Any]) -> dict[str, Any]:
     with the time of their update. Peers that left never send the newer
     state that would clear their entry, so such maps are cut this way."""
     return dict(sorted(d.items(), key=lambda kv: (kv[1][0], kv[0]))[len(d) // 2 :])
-
-
-def _speed(throughput: dict[str, float], task: str) -> float:
-    return max(throughput.get(task, throughput.get("*", 1.0)), 1e-6)
-
-
-def _run_s(spec: JobSpec, e: ViewEntry) -> float:
-    """Seconds one shard of ``spec`` runs on ``e``'s peer, by its state."""
-    return spec.work_s / _speed(e.state.throughput, spec.task)
 
 
 class ClientCore(Node):
@@ -691,7 +682,7 @@ class ClientCore(Node):
             wait = max(wait, news)
         elif stale:
             wait += max(self._stale[self._stale_class(spec, e, now, wait)], 0.0)
-        return wait + _run_s(spec, e)
+        return wait + run_time(spec, e.state.throughput)
 
     def _learn_stale(self, rnd: _Round, peer: str, bid: Bid) -> None:
         """Fold how far ``peer``'s state was off, by its bid, into the mean
@@ -806,7 +797,7 @@ class ClientCore(Node):
                 return False
             rtt = self._transit(p, e)
             arrives = max(rnd.called_at + rtt - now, 0.0)
-            soonest = self._view_wait(spec, e, now, queued=False) + _run_s(spec, e)
+            soonest = self._view_wait(spec, e, now, queued=False) + run_time(spec, e.state.throughput)
             if arrives + soonest + rtt < best - self.config.close_margin_s:
                 return False
         self.stats["rounds_closed_early"] += 1
@@ -922,7 +913,7 @@ class ClientCore(Node):
                     e = self.view.get(peer)
                     wait = -math.inf
                     if e is not None:
-                        wait = self._eta(spec, e, now) - _run_s(spec, e)
+                        wait = self._eta(spec, e, now) - run_time(spec, e.state.throughput)
                     floor[peer] = wait
                 finish = max(finish, wait + bid.run_s)
             return finish

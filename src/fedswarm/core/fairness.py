@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .wire import JobSpec
 
-__all__ = ["alone_time", "deadline_left", "estimate_rho", "priority", "URGENT_SLACK"]
+__all__ = ["alone_time", "deadline_left", "estimate_rho", "priority", "run_time", "URGENT_SLACK"]
 
 URGENT_SLACK = 2.0  # run times of slack below which a shard with a deadline jumps the queue
 
@@ -42,6 +42,13 @@ def alone_time(work_s: float, shards: int, gpus: int, chain: bool, swarm_slots: 
     floor = work_s * shards if chain else work_s
     fluid = work_s * shards * max(gpus, 1) / share
     return max(floor, fluid, 1e-9)
+
+
+def run_time(job: "JobSpec", throughput: dict[str, float]) -> float:
+    """Seconds one shard of ``job`` runs at full clock on a peer of this
+    ``throughput`` (per task kind, ``"*"`` for the rest); clients and peers
+    both count it so."""
+    return job.work_s / max(throughput.get(job.task, throughput.get("*", 1.0)), 1e-6)
 
 
 def deadline_left(job: "JobSpec", shard: int, now: float) -> float | None:

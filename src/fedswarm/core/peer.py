@@ -71,7 +71,7 @@ from .events import (
     SetLevel,
     ShardFinished,
 )
-from .fairness import alone_time, deadline_left, estimate_rho, priority
+from .fairness import alone_time, deadline_left, estimate_rho, priority, run_time
 from .identity import Identity
 from .membership import check_membership
 from .node import Node, forget_oldest, smooth_rtt
@@ -479,10 +479,6 @@ class PeerCore(Node):
             return "backlog"
         return ""
 
-    def _run_s(self, job: JobSpec) -> float:
-        """Seconds one shard of ``job`` runs here at full clock."""
-        return job.work_s / max(self.throughput.get(job.task, self.throughput.get("*", 1.0)), 1e-6)
-
     def _context(self, now: float) -> "_PrioContext":
         """What every priority computed at ``now`` shares (computed once)."""
         live = self.view.live(now)
@@ -527,7 +523,7 @@ class PeerCore(Node):
             arrival=job.submitted_at,
             knob=c.fairness_knob,
             deadline_left_s=deadline_left(job, shard, ctx.now),
-            run_s=self._run_s(job),
+            run_s=run_time(job, self.throughput),
         )
 
     def _remaining(self, lease: _Lease, now: float | None) -> float:
@@ -577,7 +573,7 @@ class PeerCore(Node):
             return []
         ctx = self._context(now)  # one scan of the view serves the wait and the price of time
         gpus = max(job.gpus, 1)
-        work = self._run_s(job)
+        work = run_time(job, self.throughput)
         # the waits of this shard and of further ones given here (this
         # round's others, or the client's other jobs' that our bid cannot
         # count): enough to cover the free slots and the round
@@ -644,7 +640,7 @@ class PeerCore(Node):
             if why == "late":
                 self.stats["awards_declined_late"] += 1
             return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
-        work = self._run_s(job)
+        work = run_time(job, self.throughput)
         level = award.level
         if award.attempt > 0:
             # a later attempt: the shard has lost time already (its holder
@@ -692,7 +688,7 @@ class PeerCore(Node):
             promised = self._promised.get((tenant, job.job_id))
         if limit <= 0 or promised is None:
             return False
-        run_s = self._run_s(job)
+        run_s = run_time(job, self.throughput)
         # the client may knowingly send more shards of the job than there
         # are slots: those it counted wait for the earlier ones
         held = sum(1 for k in self.leases if k[0] == tenant and k[1] == job.job_id and k != key)
