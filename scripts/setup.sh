@@ -10,6 +10,6 @@ fi
 stamp=.venv/.fedswarm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]' transformers
+    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
     touch "$stamp"
 fi

@@ -28,6 +28,7 @@ __all__ = [
     "JobFailed",
     "JobTimeout",
     "JobCancelled",
+    "InputError",
 ]
 
 
@@ -80,3 +81,17 @@ class JobTimeout(JobFailed):
 
 class JobCancelled(JobFailed):
     """The job was cancelled by its tenant."""
+
+
+class InputError(FederationError, ValueError):
+    """A caller gave us something unusable: a bad option, file, address,
+    model name or request body. The ``peer`` command prints it as one line
+    and exits 2; the HTTP API answers 400 (or 404 for an unknown model).
+
+    ``hint`` is a short suggestion of what to do instead (may be empty).
+    """
+
+    def __init__(self, what: str, hint: str = "") -> None:
+        super().__init__(f"{what} ({hint})" if hint else what)
+        self.what = what
+        self.hint = hint
