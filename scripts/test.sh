@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# The test suite, multi-process tests included (they are marked slow, not skipped).
+# The test suite, multi-process and browser tests included (they are marked slow, not skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# the dashboard's browser test drives Debian's headless Chromium through chromedriver
+if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Debian's chromium and chromium-driver for the browser tests" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "the browser tests need Debian's chromium and chromium-driver: apt-get install chromium chromium-driver" >&2
+    fi
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec .venv/bin/python -m pytest -q "$@"
