@@ -62,6 +62,30 @@ DTYPES: dict[str, torch.dtype] = {
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
+class _NoInitOnMeta(torch.overrides.TorchFunctionMode):
+    """Turn ``torch.nn.init`` calls on meta tensors into no-ops.
+
+    Building a module under ``with torch.device("meta")`` still runs every
+    submodule's ``reset_parameters``; on meta tensors ``normal_``/``uniform_``
+    go through torch's Python reference kernels, whose first use imports
+    ``torch._dynamo`` (about 1.5 s here, 3.5 s on a loaded machine). The
+    weights are replaced by ``load_state_dict(assign=True)`` anyway, so
+    initialising them is pure waste.
+    """
+
+    _INIT = frozenset(getattr(nn.init, n) for n in (
+        "normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
+        "trunc_normal_", "zeros_", "ones_", "constant_", "orthogonal_"))
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in self._INIT:
+            t = args[0] if args else kwargs.get("tensor")
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t
+        return func(*args, **kwargs)
+
+
 def _pos_int(d: Mapping[str, Any], key: str, default: Any = None, *, lo: int = 1, hi: int = 1 << 24) -> int:
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -380,7 +404,8 @@ class LlamaBlockSpan(nn.Module):
         if not 0 <= start < end <= cfg.num_hidden_layers:
             raise ValueError(f"bad block span [{start}, {end}) for a model of {cfg.num_hidden_layers} layers")
         self.config, self.start, self.end = cfg, start, end
-        self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(start, end))
+        with _NoInitOnMeta():
+            self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(start, end))
         self._inv_freq = rope_inv_freq(cfg)
 
     @property
@@ -463,9 +488,10 @@ class LlamaClientHead(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        with _NoInitOnMeta():  # built on meta by the loaders: skip the costly meta init
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
