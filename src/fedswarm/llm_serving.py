@@ -199,6 +199,7 @@ class _Item:
     hidden: torch.Tensor  # (T, H)
     result: bytes | None = None
     error: str | None = None
+    batch: int = 0  # sessions in the forward that computed it
 
 
 @dataclass
@@ -253,6 +254,9 @@ class BlockServer:
         self._pending: list[_Item] = []
         self._running = False
         self._changed = trio.Event()
+        #: called as ``fn(tokens, seconds, batch)`` after each forward
+        #: request is answered (metrics: per-hop and per-token latency)
+        self.observers: list[Callable[[int, float, int], None]] = []
 
     # -- public ------------------------------------------------------------
     @property
@@ -378,6 +382,7 @@ class BlockServer:
         s.last_used = now
         item = _Item(s, hidden.to(self.span.dtype))
         s.busy = True
+        t0 = time.perf_counter()
         try:
             await self._run(item)
         finally:
@@ -386,6 +391,12 @@ class BlockServer:
         if item.error is not None:
             raise WireError("internal", item.error)
         self.stats.tokens += t
+        took = time.perf_counter() - t0
+        for fn in self.observers:
+            try:
+                fn(t, took, item.batch)
+            except Exception:  # an observer's bug must not fail the request
+                log.exception("observer failed")
         return {"ok": True, "hidden": {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result},
                 "length": s.cache.length}
 
@@ -435,6 +446,7 @@ class BlockServer:
             raw = out.view(torch.uint8).numpy()
             for i, it in enumerate(live):
                 it.result = raw[i].tobytes()
+                it.batch = len(live)
         except Exception as exc:  # pragma: no cover - validated before, but never crash
             log.exception("span forward failed")
             for it in live:

@@ -118,6 +118,11 @@ class Agent:
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self.started = trio.Event()
+        #: observers of what the loop does, for metrics: each is called as
+        #: ``fn(name, fields)`` with name ``"bid"`` (``latency_s``: a call
+        #: for bids in, its bid out) or ``"shard"`` (``tenant``, ``run_s``,
+        #: ``energy_j``, ``ok``: a shard finished here). Must not raise.
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
 
     # ------------------------------------------------------------------
 
@@ -190,7 +195,18 @@ class Agent:
             inc = await self.transport.receive()
             self.stats.msgs_in += 1
             self.stats.bytes_in += len(inc.data)
-            self._perform(self.core.handle(self.now(), MessageReceived(inc.sender, inc.data, inc.topic)))
+            t0 = time.perf_counter()
+            effects = self.core.handle(self.now(), MessageReceived(inc.sender, inc.data, inc.topic))
+            if self.observers and any(isinstance(e, Send) and e.kind == "Bid" for e in effects):
+                self._observe("bid", {"latency_s": time.perf_counter() - t0})
+            self._perform(effects)
+
+    def _observe(self, name: str, fields: dict[str, Any]) -> None:
+        for fn in self.observers:
+            try:
+                fn(name, fields)
+            except Exception:  # an observer's bug must not stop the loop
+                log.exception("observer failed")
 
     async def _timer_loop(self) -> None:
         while True:
@@ -275,6 +291,9 @@ class Agent:
                 log.warning("shard %s/%d failed: %r", eff.job_id, eff.shard, exc)
                 fin = ShardFinished(eff.tenant, eff.job_id, eff.shard, eff.attempt, False, error=repr(exc)[:500])
             if self._running.pop(key, None) is not None:
+                if self.observers:
+                    self._observe("shard", {"tenant": eff.tenant, "run_s": fin.run_s, "energy_j": fin.energy_j,
+                                            "ok": fin.ok})
                 self._perform(self.core.handle(self.now(), fin))
 
 
