@@ -35,9 +35,10 @@ from typing import Any
 import torch
 import trio
 
-from .errors import FederationError, TransportError
+from .errors import FederationError, InputError, TransportError
 from .llm_serving import PROTOCOL, SESSION_ID_BYTES, WIRE_VERSION, WireError, decode, encode, pack_tensor, unpack_tensor
 from .tasks.llama import LlamaClientHead
+from .tasks.sampling import Sampler, SamplingParams, StopMatcher
 
 __all__ = [
     "Hop",
@@ -47,6 +48,7 @@ __all__ = [
     "GenerationResult",
     "find_route",
     "live_spans",
+    "common_prefix",
 ]
 
 DEFAULT_HOP_LATENCY = 0.002  # s, assumed network round trip of an unmeasured peer
@@ -139,6 +141,20 @@ class GenerationResult:
     step_times: list[float]
     recoveries: list[dict[str, Any]]
     route: list[dict[str, Any]]
+    text: str | None = None  # shown text (no stop string, no half characters); None without a tokenizer
+    finish_reason: str = "length"  # "stop" (EOS or a stop string) or "length"
+    seed: int | None = None  # the sampler's seed (drawn when none was given)
+    prefill_tokens: int = 0  # prompt positions sent through the chain (less when a session is reused)
+    reused_tokens: int = 0  # prompt positions already in the session's KV caches
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class SwarmLLM:
@@ -253,63 +269,139 @@ class SwarmLLM:
     async def generate(
         self,
         prompt_ids: Sequence[int],
-        max_new_tokens: int,
+        max_new_tokens: int | None = None,
         *,
+        params: SamplingParams | None = None,
         greedy: bool = True,
         temperature: float = 1.0,
         seed: int | None = None,
         eos_id: int | None = None,
+        tokenizer: Any = None,
         on_token: Callable[[int, int], Any] | None = None,
+        on_text: Callable[[str], Any] | None = None,
+        session: "InferenceSession | None" = None,
     ) -> GenerationResult:
         """Prefill ``prompt_ids`` through the chain, then decode token by token.
 
-        ``on_token(index, token)`` is called after each new token (it may be
-        async). Sampling (``greedy=False``) uses a CPU generator seeded with
-        ``seed``.
+        ``params`` (a :class:`SamplingParams`) says how to sample and when to
+        stop; without it the older keywords apply (``max_new_tokens``,
+        ``greedy``, ``temperature``, ``seed``; EOS only if ``eos_id`` is given).
+        With a ``tokenizer`` the text is decoded incrementally: ``on_text(s)``
+        gets each newly showable piece (never half a UTF-8 character, never a
+        stop string), the EOS set is the tokenizer's, and stop strings apply.
+        ``on_token(index, token)`` is called after each new token. Both
+        callbacks may be async.
+
+        ``session``: an open :class:`InferenceSession` to continue (a chat):
+        the positions it already holds that agree with ``prompt_ids`` are
+        kept, the rest is rolled back, and only the new suffix is prefilled.
         """
         prompt = [int(i) for i in prompt_ids]
         if not prompt:
-            raise ValueError("empty prompt")
-        if max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        if not greedy and not temperature > 0:
-            raise ValueError("temperature must be > 0")
-        gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+            raise InputError("empty prompt")
+        if params is None:
+            if max_new_tokens is None:
+                raise TypeError("generate() needs max_new_tokens or params")
+            if max_new_tokens < 0:
+                raise InputError("max_new_tokens must be >= 0")
+            if not greedy and not temperature > 0:
+                raise InputError("temperature must be > 0")
+            if max_new_tokens == 0:
+                return GenerationResult([], len(prompt), 0.0, 0.0, 0.0, [], [], [], "" if tokenizer else None)
+            params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, seed=seed,
+                                    stop_at_eos=eos_id is not None)
+        elif max_new_tokens is not None:
+            params = params.with_(max_new_tokens=max_new_tokens)
+        if eos_id is not None:
+            eos: frozenset[int] = frozenset({int(eos_id)})
+        elif tokenizer is not None:
+            eos = frozenset(tokenizer.eos_ids)
+        else:
+            eos = _config_eos(self.head.config)
+        if not params.stop_at_eos:
+            eos = frozenset()
+        sampler = Sampler(params)
+        decoder = tokenizer.stream_decoder() if tokenizer is not None else None
+        stops = StopMatcher(params.stop)
+        if any(not 0 <= i < self.head.config.vocab_size for i in prompt):
+            raise InputError(f"prompt token ids must be in [0, {self.head.config.vocab_size})")
+        need = len(prompt) + params.max_new_tokens
+        ctx = self.head.config.max_position_embeddings
+        if need > ctx:
+            raise InputError(f"prompt of {len(prompt)} tokens + {params.max_new_tokens} new tokens exceeds the "
+                             f"model's context of {ctx} tokens", "shorten the prompt or ask for fewer tokens")
+        if session is not None and session.max_length < need:
+            raise InputError(f"the conversation needs {need} positions, the session holds {session.max_length}",
+                             "start a new conversation (/reset)")
 
-        def pick(h: torch.Tensor) -> int:
-            logits = self.head.logits(h[-1:].to(self.head.embed_tokens.weight.dtype))[-1]
-            if greedy:
-                return int(logits.argmax())
-            probs = torch.softmax(logits / temperature, dim=-1)
-            return int(torch.multinomial(probs, 1, generator=gen))
+        async def emit(cb: Callable[..., Any] | None, *args: Any) -> None:
+            if cb is not None:
+                r = cb(*args)
+                if hasattr(r, "__await__"):
+                    await r
 
+        dtype = self.head.embed_tokens.weight.dtype
         out: list[int] = []
         steps: list[float] = []
         t0 = time.perf_counter()
         ttft = 0.0
-        async with self.session(len(prompt) + max(max_new_tokens, 1)) as sess:
-            ids = prompt
-            for i in range(max_new_tokens):
+        finish = "length"
+        own = session is None
+        sess = await self.session(need).__aenter__() if own else session
+        assert sess is not None
+        try:
+            keep = min(common_prefix(sess.tokens, prompt), len(prompt) - 1)
+            sess.rollback(keep)
+            ids = prompt[keep:]
+            history = list(prompt)
+            for i in range(params.max_new_tokens):
                 ts = time.perf_counter()
-                tok = pick(await sess.step(ids))
+                h = await sess.step(ids)
+                tok = sampler.pick(self.head.logits(h[-1:].to(dtype))[-1], history)
                 now = time.perf_counter()
                 if i == 0:
                     ttft = now - t0
                 else:
                     steps.append(now - ts)
                 out.append(tok)
-                if on_token is not None:
-                    r = on_token(i, tok)
-                    if hasattr(r, "__await__"):
-                        await r
-                if eos_id is not None and tok == eos_id:
+                history.append(tok)
+                await emit(on_token, i, tok)
+                if tok in eos:
+                    finish = "stop"
                     break
+                if decoder is not None:
+                    piece = stops.push(decoder.push(tok))
+                    if piece:
+                        await emit(on_text, piece)
+                    if stops.stopped is not None:
+                        finish = "stop"
+                        break
                 ids = [tok]
+            if decoder is not None and stops.stopped is None:
+                piece = stops.finish(decoder.flush())
+                if piece:
+                    await emit(on_text, piece)
+                if stops.stopped is not None:
+                    finish = "stop"
             route = [{"peer": s.hop.peer, "blocks": [s.hop.start, s.hop.end]} for s in sess.hops]
             recoveries = list(sess.recoveries)
+        finally:
+            if own:
+                await sess.close()
         total = time.perf_counter() - t0
         tps = len(steps) / sum(steps) if steps and sum(steps) > 0 else 0.0
-        return GenerationResult(out, len(prompt), ttft, total, tps, steps, recoveries, route)
+        return GenerationResult(out, len(prompt), ttft, total, tps, steps, recoveries, route,
+                                text=stops.output if decoder is not None else None, finish_reason=finish,
+                                seed=sampler.seed, prefill_tokens=len(prompt) - keep, reused_tokens=keep)
+
+
+def _config_eos(cfg: Any) -> frozenset[int]:
+    e = cfg.extra.get("eos_token_id")
+    if isinstance(e, int):
+        return frozenset({e})
+    if isinstance(e, list):
+        return frozenset(i for i in e if isinstance(i, int))
+    return frozenset()
 
 
 class InferenceSession:
@@ -320,6 +412,8 @@ class InferenceSession:
         self.max_length = max_length
         self.id = os.urandom(SESSION_ID_BYTES)
         self.length = 0  # positions processed through the whole chain
+        self.tokens: list[int] = []  # the token ids of those positions
+        self.prefilled = 0  # positions sent through the chain in all (a chat's turns add up here)
         self.hops: list[_HopState] = []
         # hidden states entering each block boundary, positions [0, length)
         self.hist: dict[int, torch.Tensor] = {}
@@ -351,6 +445,21 @@ class InferenceSession:
             await self.llm._request(peer, msg, timeout=2.0)
         except _HopFailed:
             pass
+
+    def rollback(self, length: int) -> None:
+        """Forget positions ``[length, self.length)``: the next step continues
+        at ``length`` and every peer rolls its KV cache back to it."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a session of {self.length} positions to {length}")
+        if length == self.length:
+            return
+        self.length = length
+        del self.tokens[length:]
+        for b in list(self.hist):
+            self.hist[b] = self.hist[b][:length]
+        for hs in self.hops:
+            hs.pos = min(hs.pos, length)
+            hs.pos_before = min(hs.pos_before, length)
 
     def _hop_from(self, b: int) -> _HopState | None:
         for hs in self.hops:
@@ -418,6 +527,8 @@ class InferenceSession:
             self.hist[e] = full
             b = e
         self.length = n + t
+        self.tokens.extend(int(i) for i in ids)
+        self.prefilled += t
         if attempts:
             done = time.perf_counter()
             for r in self.recoveries:
