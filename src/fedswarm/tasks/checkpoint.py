@@ -1,4 +1,10 @@
-"""Hugging Face-format Llama checkpoints: partial loading and model hashing.
+"""Llama checkpoints: partial loading and model hashing.
+
+Two formats are accepted wherever a checkpoint path is: a Hugging Face
+directory (described below) and a single llama.cpp ``.gguf`` file (handled by
+:mod:`fedswarm.tasks.gguf_model`, which reads and dequantizes with the
+``gguf`` package). ``load_config``, ``load_tensors``, ``load_block_span``,
+``load_client_head`` and ``model_hash`` dispatch on the path.
 
 A checkpoint directory holds ``config.json`` and either ``model.safetensors``
 or shards ``model-0000k-of-0000n.safetensors`` listed by
@@ -32,12 +38,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..errors import InputError
+from . import gguf_model as _gguf
 from .llama import DTYPES, LlamaBlockSpan, LlamaClientHead, LlamaConfig, block_keys, head_keys
 
 __all__ = [
     "SHIPPED_MODELS_DIR",
     "shipped_models",
     "resolve_model",
+    "known_models",
+    "is_gguf",
     "load_config",
     "weight_map",
     "load_tensors",
@@ -64,28 +74,125 @@ def shipped_models() -> list[str]:
 
 
 def _model_roots(extra: Sequence[str | os.PathLike[str]] | None) -> list[Path]:
+    from ..models import store_dir
+
     roots = [Path(r) for r in (extra or ())]
     env = os.environ.get(MODEL_DIRS_ENV, "")
     roots += [Path(r) for r in env.split(os.pathsep) if r]
+    roots.append(store_dir())
     roots.append(SHIPPED_MODELS_DIR)
     return roots
 
 
-def resolve_model(name: str, *, roots: Sequence[str | os.PathLike[str]] | None = None) -> Path:
-    """Map a model *name* (untrusted) to a checkpoint directory.
+def is_gguf(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a GGUF file (rather than a HF checkpoint directory)."""
+    return _gguf.is_gguf(path)
 
-    Only plain names are accepted (no paths): they are looked up in ``roots``,
-    then in the operator's ``$FEDSWARM_MODEL_DIRS`` (``os.pathsep``-separated),
-    then among the shipped models. A client can therefore never make a peer
-    read an arbitrary path.
-    """
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
-        raise ValueError(f"bad model name {name!r}: expected [A-Za-z0-9._-], at most 128 chars, no path")
-    for root in _model_roots(roots):
-        cand = root / name
+
+def _looks_like_path(ref: str) -> bool:
+    return "/" in ref or os.sep in ref or ref.startswith(("~", ".")) or ref.lower().endswith(".gguf")
+
+
+def _lookup(root: Path, name: str) -> Path | None:
+    """``name`` inside one model root: a HF dir, a pulled-model dir (manifest or
+    a single .gguf inside), or a ``NAME.gguf`` / ``NAME`` GGUF file."""
+    cand = root / name
+    if cand.is_dir():
         if (cand / "config.json").is_file():
             return cand
-    raise ValueError(f"unknown model {name!r}; shipped models: {', '.join(shipped_models()) or 'none'}")
+        manifest = cand / "manifest.json"
+        if manifest.is_file():
+            try:
+                fn = _read_json(manifest, 1 << 20).get("file")
+            except (OSError, ValueError, AttributeError):
+                fn = None
+            if isinstance(fn, str) and _NAME_RE.match(fn) and (cand / fn).is_file():
+                return cand / fn
+        ggufs = sorted(p for p in cand.glob("*.gguf") if p.is_file())
+        if len(ggufs) == 1:
+            return ggufs[0]
+        return None
+    if cand.is_file() and cand.suffix.lower() == ".gguf":
+        return cand
+    g = root / f"{name}.gguf"
+    if g.is_file():
+        return g
+    return None
+
+
+def known_models(roots: Sequence[str | os.PathLike[str]] | None = None) -> list[str]:
+    """Names :func:`resolve_model` accepts here (shipped, pulled, found in model dirs)."""
+    names: set[str] = set()
+    for root in _model_roots(roots):
+        if not root.is_dir():
+            continue
+        for p in root.iterdir():
+            if not _NAME_RE.match(p.name):
+                continue
+            if p.is_dir() and _lookup(root, p.name) is not None:
+                names.add(p.name)
+            elif p.is_file() and p.suffix.lower() == ".gguf":
+                names.add(p.stem)
+    return sorted(names)
+
+
+def resolve_model(
+    ref: str | os.PathLike[str],
+    *,
+    allow_paths: bool = True,
+    roots: Sequence[str | os.PathLike[str]] | None = None,
+) -> Path:
+    """Map a model reference to a HF checkpoint directory or a ``.gguf`` file.
+
+    A plain name (``tiny-llama``, ``smollm2-135m-instruct``, the stem of a
+    GGUF file) is looked up in ``roots``, then ``$FEDSWARM_MODEL_DIRS``
+    (``os.pathsep``-separated), then the per-user model store (see
+    :mod:`fedswarm.models`), then the shipped models.
+
+    With ``allow_paths`` (an operator's own command line) a reference that
+    looks like a path (contains a ``/``, starts with ``.`` or ``~``, or ends
+    in ``.gguf``) is used as one. Names that come from the network (a job's
+    or an API request's ``model``) must use ``allow_paths=False``: then only
+    names are accepted, so a remote caller can never make us read an
+    arbitrary path. Raises :class:`InputError`.
+    """
+    is_path = isinstance(ref, os.PathLike)
+    if is_path:
+        if not allow_paths:
+            raise InputError(f"bad model name {os.fspath(ref)!r}: a name is expected, not a path")
+        ref = os.fspath(ref)
+    if not isinstance(ref, str) or not ref:
+        raise InputError(f"bad model name {ref!r}")
+    if allow_paths and (is_path or _looks_like_path(ref)):
+        p = Path(ref).expanduser()
+        if p.is_dir() and (p / "config.json").is_file():
+            return p
+        if p.is_file():
+            if not is_gguf(p):
+                raise InputError(f"{p}: not a GGUF file or a checkpoint directory")
+            return p
+        if p.is_dir():
+            raise InputError(f"{p}: directory has no config.json", "give a Hugging Face checkpoint directory")
+        if _looks_like_path(ref):
+            raise InputError(f"no model file or directory at {p}")
+        # a Path holding a plain name: resolve it as a name
+    if not _NAME_RE.match(ref) or ".." in ref:
+        raise InputError(
+            f"bad model name {ref!r}", "expected letters, digits, '.', '_', '-', at most 128 chars, no path"
+        )
+    for root in _model_roots(roots):
+        hit = _lookup(root, ref)
+        if hit is not None:
+            return hit
+    from ..models import PULLABLE
+
+    if ref in PULLABLE:
+        raise InputError(f"model {ref!r} is not pulled yet", f"run `peer models pull {ref}`")
+    known = sorted(set(known_models(roots)) | set(PULLABLE))
+    raise InputError(
+        f"unknown model {ref!r}",
+        f"known: {', '.join(known) or 'none'}; fetch one with `peer models pull NAME`",
+    )
 
 
 def _read_json(path: Path, limit: int = 16 * 1024 * 1024) -> Any:
@@ -96,11 +203,16 @@ def _read_json(path: Path, limit: int = 16 * 1024 * 1024) -> Any:
 
 
 def load_config(model_dir: str | os.PathLike[str]) -> LlamaConfig:
+    """The config of a HF checkpoint directory or a GGUF file."""
+    if is_gguf(model_dir):
+        return _gguf.load_config(model_dir)
     return LlamaConfig.from_hf_dict(_read_json(Path(model_dir) / "config.json"))
 
 
 def weight_map(model_dir: str | os.PathLike[str]) -> dict[str, str]:
     """Tensor name -> safetensors file name (relative to ``model_dir``)."""
+    if is_gguf(model_dir):
+        return _gguf.weight_map(model_dir)
     d = Path(model_dir)
     if (d / INDEX_FILE).is_file():
         wm = _read_json(d / INDEX_FILE).get("weight_map")
@@ -123,6 +235,8 @@ def load_tensors(
     dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read exactly ``names`` from the checkpoint (each file opened once)."""
+    if is_gguf(model_dir):
+        return _gguf.load_tensors(model_dir, names, device=device, dtype=dtype)
     d = Path(model_dir)
     wm = weight_map(d)
     by_file: dict[str, list[str]] = {}
@@ -237,6 +351,8 @@ def _fingerprint(d: Path) -> tuple[Any, ...]:
 
 def model_hash(model_dir: str | os.PathLike[str]) -> str:
     """sha256 hex of the canonical config and all tensors (see module doc)."""
+    if is_gguf(model_dir):
+        return _gguf.model_hash(model_dir)
     d = Path(model_dir).resolve()
     fp = _fingerprint(d)
     key = str(d)
