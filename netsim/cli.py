@@ -1,4 +1,9 @@
-"""``netsim run SCENARIO.toml --seed S --out results.json [--trace F.csv] [--peers N] [--plot out.png]``"""
+"""``netsim run SCENARIO.toml --seed S --out results.json [--trace F.csv] [--peers N] [--plot [STEM.png]] [-q]``
+
+``netsim compare`` and ``netsim faults`` share ``-q``. Progress goes to
+stderr (a rich bar on a terminal, a line every few seconds elsewhere);
+figures (``netsim.plots``) go next to the JSON.
+"""
 
 from __future__ import annotations
 
@@ -35,31 +40,6 @@ def print_summary(summary: dict, out=None) -> None:
         print(f"{k:<{w}}  {_fmt(summary.get(k))}", file=out)
 
 
-def plot(results: dict, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("netsim: --plot needs matplotlib (pip install 'fedswarm[plot]'); skipping the plot", file=sys.stderr)
-        return
-    sot = results["shares_over_time"]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 7))
-    for t, ys in sorted(sot["tenants"].items()):
-        a1.plot(sot["t_s"], ys, label=t)
-    a1.set_xlabel("time since first arrival (s)")
-    a1.set_ylabel("share of GPU-seconds")
-    a1.legend()
-    rhos = sorted(j["rho"] for j in results["jobs"] if j["rho"] is not None)
-    a2.plot(rhos, [(i + 1) / len(rhos) for i in range(len(rhos))])
-    a2.set_xlabel("rho (finish-time fairness)")
-    a2.set_ylabel("CDF")
-    fig.tight_layout()
-    fig.savefig(path)
-    print(f"netsim: plot written to {path}", file=sys.stderr)
-
-
 def _add_faults_parser(sub) -> None:
     """``netsim faults [--seeds 1 2] [--out F.json]``: the fault matrix (each fault x batch / LLM jobs)."""
     f = sub.add_parser("faults", help="run the fault scenarios and print the fault matrix")
@@ -68,6 +48,7 @@ def _add_faults_parser(sub) -> None:
     f.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios (e.g. fault-hang)")
     f.add_argument("--dir", help="directory of the fault-*.toml scenarios (default: netsim/scenarios)")
     f.add_argument("--profiles", help="directory of peer profiles (default: nearest peers/ above the scenarios)")
+    f.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (default: progress)")
 
 
 def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, policies: str | None = None) -> None:
@@ -81,6 +62,8 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, p
     p.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
     p.add_argument("--profiles", help=profiles)
     p.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress on stderr (default: a bar on a terminal, a line every 5 s elsewhere)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run a scenario")
     _add_scenario_args(r, out="results JSON path (default: print nothing but the summary)",
                        profiles="directory of peer profiles (default: nearest peers/ above the scenario)")
-    r.add_argument("--plot", help="write a PNG of shares over time and the rho CDF (needs matplotlib)")
+    r.add_argument("--plot", nargs="?", const="", metavar="STEM.png",
+                   help="write PNG figures (JCT/rho CDFs, energy, shares, messages) as STEM.png and STEM.*.png; "
+                        "without a value, next to --out (default: no figures)")
     c = sub.add_parser("compare", help="run fedswarm and baseline schedulers on the same workload and swarm")
-    _add_scenario_args(c, out="results JSON path; plot data (CSV, PNG with matplotlib) goes next to it",
+    _add_scenario_args(c, out="results JSON path; PNG figures go next to it (STEM.png, STEM.cdf.png, ...)",
                        profiles="directory of peer profiles",
                        policies="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow "
                                 "(networked), or centralized-instant, ... (their messages instant)")
@@ -109,12 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 2
     sc, jobs = loaded
+    if args.plot == "" and not args.out:
+        print("netsim: error: --plot without a value needs --out (the figures go next to it)", file=sys.stderr)
+        return 2
     try:
         sim = Simulator(sc, args.seed, jobs=jobs)
     except (ScenarioError, ValueError) as exc:  # e.g. a fault names a tenant the trace lacks
         print(f"netsim: error: {exc}", file=sys.stderr)
         return 2
-    sim.run()
+    from .progress import Progress, run_sim
+
+    with Progress(quiet=args.quiet) as prog:
+        run_sim(sim, prog.task(f"{sc.name} seed={args.seed}"))
     res = sim.results()
     text = dumps_results(res)
     if args.out:
@@ -126,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         f"wall={wall:.2f}s ({sim.events / max(wall, 1e-9):.0f} events/s)",
         file=sys.stderr,
     )
-    if args.plot:
-        plot(res, args.plot)
+    if args.plot is not None:
+        from .plots import plot_run
+
+        written = plot_run(res, args.plot or args.out)
+        print(f"netsim: figures: {', '.join(written)}", file=sys.stderr)
     s = res["summary"]
     if s["shards_lost"] or s["shards_duplicated"]:
         return 1
@@ -151,7 +145,8 @@ def _load(args: argparse.Namespace) -> "tuple[Any, Any] | None":
 
 
 def compare_main(args: argparse.Namespace) -> int:
-    from .compare import POLICIES, compare, print_table, write_plot_data
+    from .compare import POLICIES, compare, print_table
+    from .progress import Progress
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
@@ -164,13 +159,15 @@ def compare_main(args: argparse.Namespace) -> int:
         return 2
     sc, jobs = loaded
 
-    def progress(pol: str) -> None:
-        print(f"netsim: {pol} done ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
-
-    cmp = compare(sc, args.seed, policies, jobs, progress=progress)
+    with Progress(quiet=args.quiet) as prog:
+        cmp = compare(sc, args.seed, policies, jobs, progress=prog)
     if args.out:
+        from .plots import plot_compare
+
         Path(args.out).write_text(dumps_results(cmp))
-        write_plot_data(cmp, args.out)
+        written = plot_compare(cmp, args.out)
+        if not args.quiet:
+            print(f"netsim: figures: {', '.join(written)} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
     print(f"# {sc.name} seed={args.seed} peers={sc.n_peers}")
     print_table(cmp)
     lost = sum(p["summary"]["shards_lost"] + p["summary"]["shards_duplicated"] for p in cmp["policies"].values())

@@ -14,11 +14,9 @@ sooner has its peers idle on at ``idle_floor_w`` until then).
 
 from __future__ import annotations
 
-import csv
 import math
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from .baselines import BASELINES, run_baseline
@@ -26,22 +24,31 @@ from .scenario import Scenario
 from .sim import Simulator
 from .workload import TraceJob
 
-__all__ = ["POLICIES", "run_policy", "compare", "extras", "print_table", "write_plot_data"]
+__all__ = ["POLICIES", "run_policy", "compare", "extras", "print_table"]
 
 POLICIES = ("fedswarm", "fedswarm-race") + BASELINES
 # fedswarm message kinds that are background membership traffic, not scheduling
 _BACKGROUND = ("Gossip", "PeerState")
 
 
-def run_policy(sc: Scenario, seed: int, policy: str, jobs: list[TraceJob] | None = None) -> dict[str, Any]:
+def run_policy(sc: Scenario, seed: int, policy: str, jobs: list[TraceJob] | None = None,
+               task: Any = None) -> dict[str, Any]:
+    """One policy's results; ``task`` (a ``netsim.progress`` task) is told
+    how the run goes (fedswarm: as it runs; baselines: when done)."""
     if policy in BASELINES:
-        return run_baseline(sc, seed, policy, jobs)
+        res = run_baseline(sc, seed, policy, jobs)
+        if task is not None:
+            task.update(sim_t=res["summary"]["sim_time_s"], events=res["summary"].get("events", 0))
+            task.finish()
+        return res
     if policy == "fedswarm-race":
         sc = replace(sc, peer_overrides={**sc.peer_overrides, "race_to_idle": True})
     elif policy != "fedswarm":
         raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
+    from .progress import run_sim
+
     sim = Simulator(sc, seed, jobs=jobs)
-    sim.run()
+    run_sim(sim, task)
     res = sim.results()
     res["policy"] = policy
     return res
@@ -82,17 +89,21 @@ def compare(sc: Scenario, seed: int, policies: list[str], jobs: list[TraceJob] |
     trace = Simulator(sc, seed, jobs=jobs).trace  # the workload every policy gets
     out: dict[str, Any] = {"scenario": sc.name, "seed": seed, "peers": sc.n_peers, "policies": {}}
     for pol in policies:
-        res = run_policy(sc, seed, pol, trace)
+        # ``progress``: a netsim.progress.Progress (a task per policy), or a
+        # callable told each policy's name when it is done
+        task = progress.task(pol) if hasattr(progress, "task") else None
+        res = run_policy(sc, seed, pol, trace, task)
         ex = extras(res, trace)
         out["policies"][pol] = {
             "summary": res["summary"],
             **ex,
-            "jobs": [{k: j[k] for k in ("job_id", "tenant", "jct_s", "rho", "energy_j")} for j in res["jobs"]],
+            "jobs": [{k: j[k] for k in ("job_id", "tenant", "jct_s", "rho", "energy_j", "tokens") if k in j}
+                     for j in res["jobs"]],
             "tenants": res["tenants"],
             "shares_over_time": res["shares_over_time"],
             "network_by_kind": res["network"]["by_kind"],
         }
-        if progress is not None:
+        if callable(progress):
             progress(pol)
     # runs end when their last job does; over the longest run's length, the
     # others' peers would have idled on at their idle floor
@@ -134,79 +145,3 @@ def print_table(cmp: dict[str, Any], out: Any = None) -> None:
     print(f"{'metric':<12}" + "".join(f"{p:>{w[0]}}" for p in pols), file=out)
     for name, fn in ROWS:
         print(f"{name:<12}" + "".join(f"{_f(fn(cmp['policies'][p])):>{w[0]}}" for p in pols), file=out)
-
-
-def write_plot_data(cmp: dict[str, Any], json_path: str) -> list[str]:
-    """Plot data as CSV next to the JSON (and PNGs if matplotlib is there)."""
-    base = Path(json_path)
-    stem = base.with_suffix("")
-    written = []
-    for metric in ("jct_s", "rho"):
-        p = Path(f"{stem}.{metric.replace('_s', '')}_cdf.csv")
-        with p.open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["policy", metric, "cdf"])
-            for pol, d in cmp["policies"].items():
-                xs = sorted(j[metric] for j in d["jobs"] if j[metric] is not None)
-                for i, x in enumerate(xs):
-                    w.writerow([pol, f"{x:.6g}", f"{(i + 1) / len(xs):.6g}"])
-        written.append(str(p))
-    p = Path(f"{stem}.energy.csv")
-    with p.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["policy", "energy_j", "energy_busy_j", "energy_idle_j", "carbon_g"])
-        for pol, d in cmp["policies"].items():
-            s = d["summary"]
-            w.writerow([pol] + [f"{s[k]:.6g}" for k in ("energy_j", "energy_busy_j", "energy_idle_j", "carbon_g")])
-    written.append(str(p))
-    p = Path(f"{stem}.shares.csv")
-    with p.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["policy", "tenant", "t_s", "share"])
-        for pol, d in cmp["policies"].items():
-            sot = d["shares_over_time"]
-            for t, ys in sorted(sot["tenants"].items()):
-                for ts, y in zip(sot["t_s"], ys):
-                    w.writerow([pol, t, f"{ts:.6g}", f"{y:.6g}"])
-    written.append(str(p))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("netsim: matplotlib is not installed; wrote the plot data as CSV instead: " + ", ".join(written),
-              file=sys.stderr)
-        return written
-    pols = list(cmp["policies"])
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-    for ax, metric, label in ((axes[0][0], "jct_s", "job completion time (s)"), (axes[0][1], "rho", "finish-time fairness rho")):
-        for pol in pols:
-            xs = sorted(max(j[metric], 1e-3) for j in cmp["policies"][pol]["jobs"] if j[metric] is not None)
-            if xs:
-                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=pol)
-        ax.set_xscale("log")  # heavy tails: a linear axis hides all but the worst policy
-        ax.set_xlabel(label + ", log scale")
-        ax.set_ylabel("CDF of jobs")
-        ax.grid(True, which="major", alpha=0.3)
-    axes[0][0].legend(loc="lower right")
-    busy = [cmp["policies"][p]["summary"]["energy_busy_j"] / 1e6 for p in pols]
-    idle = [cmp["policies"][p]["summary"]["energy_idle_j"] / 1e6 for p in pols]
-    axes[1][0].bar(pols, busy, label="running shards")
-    axes[1][0].bar(pols, idle, bottom=busy, label="idle peers until the last job ends")
-    axes[1][0].set_ylabel("energy (MJ)")
-    axes[1][0].legend(loc="upper left", fontsize="small")
-    axes[1][0].tick_params(axis="x", labelrotation=20)
-    who = "fedswarm" if "fedswarm" in cmp["policies"] else pols[0]
-    d = cmp["policies"][who]["shares_over_time"]
-    for t, ys in sorted(d["tenants"].items()):
-        axes[1][1].plot(d["t_s"], ys, label=t)
-    axes[1][1].set_title(f"{who}: tenants' shares of busy GPU-seconds", fontsize="medium")
-    axes[1][1].set_xlabel("time (s)")
-    axes[1][1].set_ylabel("share")
-    axes[1][1].legend(fontsize="small")
-    fig.tight_layout()
-    png = f"{stem}.png"
-    fig.savefig(png)
-    written.append(png)
-    return written

@@ -54,16 +54,21 @@ def matrix_rows(res: dict[str, Any]) -> dict[str, dict[str, int]]:
 def run_matrix(names: tuple[str, ...] = FAULT_SCENARIOS, seeds: tuple[int, ...] = (1, 2), *,
                scenario_dir: Path = SCENARIO_DIR, profiles_dir: str | None = None,
                progress: Any = None) -> dict[str, Any]:
-    from . import run_scenario
+    from .progress import run_sim
     from .scenario import load_scenario
+    from .sim import Simulator
 
     runs = []
     for name in names:
         sc = load_scenario(scenario_dir / f"{name}.toml", profiles_dir=profiles_dir)
         for seed in seeds:
             t0 = time.perf_counter()
-            res = run_scenario(sc, seed)
-            if progress is not None:
+            sim = Simulator(sc, seed)
+            # ``progress``: a netsim.progress.Progress (a bar or periodic
+            # lines per run) or a text stream (one line per run)
+            run_sim(sim, progress.task(f"faults {name} seed={seed}") if hasattr(progress, "task") else None)
+            res = sim.results()
+            if progress is not None and not hasattr(progress, "task"):
                 print(f"netsim faults: {name} seed={seed} wall={time.perf_counter() - t0:.2f}s", file=progress)
             s = res["summary"]
             runs.append({
@@ -125,11 +130,14 @@ def faults_main(args: Any) -> int:
     from .metrics import round_floats
     from .scenario import ScenarioError
 
+    from .progress import Progress
+
     names = tuple(args.only) if args.only else FAULT_SCENARIOS
     t0 = time.perf_counter()
     try:
-        m = run_matrix(names, tuple(args.seeds), scenario_dir=Path(args.dir) if args.dir else SCENARIO_DIR,
-                       profiles_dir=args.profiles, progress=sys.stderr)
+        with Progress(quiet=getattr(args, "quiet", False)) as prog:
+            m = run_matrix(names, tuple(args.seeds), scenario_dir=Path(args.dir) if args.dir else SCENARIO_DIR,
+                           profiles_dir=args.profiles, progress=prog)
     except (ScenarioError, ValueError) as exc:
         print(f"netsim: error: {exc}", file=sys.stderr)
         return 2

@@ -140,7 +140,9 @@ def test_compare_json_and_cli(tmp_path, capsys):
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data["policies"]) == {"centralized", "sparrow", "random", "fifo"}
-    assert (tmp_path / "c.jct_cdf.csv").exists() and (tmp_path / "c.shares.csv").exists()
+    for name in ("c.png", "c.cdf.png", "c.energy.png", "c.shares.png", "c.messages.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert not list(tmp_path.glob("*.csv"))  # no CSV fallback any more
     assert "mean_jct_s" in capsys.readouterr().out
     rc2 = main(["compare", str(SCENARIOS / "smoke-20.toml"), "--policies", "centralized,sparrow,random,fifo",
                 "--seed", "2", "--out", str(tmp_path / "d.json")])
