@@ -69,6 +69,7 @@ from typing import Any
 from .core.config import QUEUE_POLICIES, PeerConfig
 from .core.energy import PowerModel
 from .core.wire import Device
+from .errors import InputError
 
 __all__ = ["Profile", "ProfileError", "load_profile", "parse_profile", "REFERENCE_DEVICE"]
 
@@ -78,8 +79,10 @@ TRUST_LEVELS = ("datacenter", "volunteer")
 GIB = 1 << 30
 
 
-class ProfileError(ValueError):
-    """A profile file is malformed; the message names the file and key."""
+class ProfileError(InputError):
+    """A profile file is malformed; the message names the file and key.
+
+    An ``InputError`` (so a ``ValueError`` too): ``peer`` exits 2 on it."""
 
 
 @dataclass(frozen=True)
@@ -318,7 +321,11 @@ def load_profile(path: str | Path) -> Profile:
         with p.open("rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise ProfileError(f"{p}: no such profile file") from None
+        raise ProfileError(f"{p}: no such profile file", "see peers/*.toml, or omit --profile to detect this machine") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{p}: is a directory, not a profile file") from None
+    except PermissionError:
+        raise ProfileError(f"{p}: permission denied") from None
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{p}: invalid TOML: {exc}") from None
     return parse_profile(data, name=p.stem, src=str(p))

@@ -9,12 +9,16 @@ the id that signs fedswarm messages and the id the libp2p host authenticates
 over Noise are one and the same (a test checks this against py-libp2p).
 
 Key files hold the 32-byte raw private key (PKCS8 would work too; raw keeps
-the file trivially portable) and are created with mode 0600.
+the file trivially portable) and are created with mode 0600. Like ssh, a key
+file that its group or others may read (or write) is refused, and so is a
+file that does not hold a key: both are the caller's mistake
+(``InputError``), named with the path and what to do.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from ..errors import LocalProtocolError, RemoteProtocolError
+from ..errors import InputError, LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "Identity",
@@ -33,6 +37,8 @@ __all__ = [
     "public_bytes_from_peer_id",
     "verify",
     "load_or_create_key",
+    "load_key",
+    "check_peer_id",
     "b58encode",
     "b58decode",
 ]
@@ -154,21 +160,71 @@ class Identity:
         return f"<Identity {self.peer_id}>"
 
 
+def check_peer_id(text: str, what: str = "peer id") -> str:
+    """``text`` if it is an Ed25519 libp2p peer id (``12D3KooW...``), else InputError."""
+    try:
+        public_bytes_from_peer_id(text)
+    except RemoteProtocolError:
+        raise InputError(f"{what} {text!r} is not an Ed25519 libp2p peer id",
+                         "copy it from `peer keygen --show` or a daemon's /p2p/ address") from None
+    return text
+
+
+def load_key(path: str | os.PathLike[str]) -> Identity:
+    """Load an existing key file; never creates one.
+
+    Raises:
+        InputError: the file is missing, readable by group/others, or not a key.
+    """
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except FileNotFoundError:
+        raise InputError(f"no key file {p}", f"create one with `peer keygen --key {p}`") from None
+    except IsADirectoryError:
+        raise InputError(f"{p} is a directory, not a key file") from None
+    except PermissionError:
+        raise InputError(f"cannot read key file {p}: permission denied") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{p} is not a regular file")
+        if st.st_mode & 0o077:
+            raise InputError(f"key file {p} is accessible by others (mode {stat.S_IMODE(st.st_mode):04o})",
+                             f"chmod 600 {p}")
+        raw = os.read(fd, 64)
+    except IsADirectoryError:
+        raise InputError(f"{p} is a directory, not a key file") from None
+    finally:
+        os.close(fd)
+    if len(raw) != 32:
+        raise InputError(f"{p} does not hold a 32-byte Ed25519 key ({len(raw)} bytes)",
+                         "point --key at a file made by `peer keygen`")
+    return Identity.from_seed(raw)
+
+
 def load_or_create_key(path: str | os.PathLike[str]) -> Identity:
     """Load the key at ``path``, or create it with mode 0600 if absent.
 
     The file is created atomically with ``O_EXCL`` so two daemons racing on the
-    same path cannot end up with different keys.
+    same path cannot end up with different keys. An existing file is checked
+    as :func:`load_key` does.
     """
     p = Path(path)
-    if p.exists():
-        raw = p.read_bytes()
-        if len(raw) != 32:
-            raise LocalProtocolError("bad-key", f"{p} does not hold a 32-byte Ed25519 key")
-        return Identity.from_seed(raw)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists() or p.is_symlink():
+        return load_key(p)
+    if not p.parent.is_dir():
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create the directory of key file {p}: {exc.strerror}") from None
     ident = Identity.generate()
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it first: use theirs
+        return load_key(p)
+    except OSError as exc:
+        raise InputError(f"cannot create key file {p}: {exc.strerror}") from None
     try:
         os.write(fd, ident.private_bytes())
     finally:

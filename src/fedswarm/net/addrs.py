@@ -1,0 +1,125 @@
+"""Checks of the multiaddrs a user types, before anything is started.
+
+Light on purpose (``multiaddr`` only, no libp2p, no trio): ``peer`` checks
+``--listen``, ``--bootstrap`` and ``--announce`` here and fails in a
+fraction of a second with an ``InputError`` that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from ..errors import InputError
+
+__all__ = ["parse_bootstrap", "parse_listen_maddr", "parse_announce", "check_tcp_free", "interface_addrs"]
+
+_EXAMPLE = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW..."
+
+
+def _parse(text: str, what: str, example: str):  # noqa: ANN202 - multiaddr.Multiaddr
+    import multiaddr
+
+    try:
+        m = multiaddr.Multiaddr(text)
+    except Exception as exc:  # the library raises several types for bad text
+        why = str(exc)
+        if "': " in why:  # "Invalid MultiAddr 'x': REASON (string: x)" -> REASON
+            why = why.split("': ", 1)[1].rsplit(" (string:", 1)[0]
+        raise InputError(f"{what} {text!r} is not a multiaddr: {why}", f"expected e.g. {example}") from None
+    return m
+
+
+def _proto_values(m) -> dict[str, str]:  # noqa: ANN001
+    out: dict[str, str] = {}
+    for proto in m.protocols():
+        try:
+            out[proto.name] = m.value_for_protocol(proto.code) or ""
+        except Exception:
+            out[proto.name] = ""
+    return out
+
+
+def _tcp(vals: dict[str, str], text: str, what: str, example: str, *, allow_zero: bool) -> tuple[str, int]:
+    host = next((vals[k] for k in ("ip4", "ip6", "dns", "dns4", "dns6") if k in vals), None)
+    if host is None or "tcp" not in vals:
+        raise InputError(f"{what} {text!r} has no /ip4|/ip6|/dns.../tcp/PORT part", f"expected e.g. {example}")
+    try:
+        port = int(vals["tcp"])
+    except ValueError:
+        raise InputError(f"{what} {text!r}: bad tcp port {vals['tcp']!r}") from None
+    if not (0 if allow_zero else 1) <= port <= 65535:
+        raise InputError(f"{what} {text!r}: tcp port {port} is out of range",
+                         "use 0-65535 (0: any free port)" if allow_zero else "use 1-65535")
+    return host, port
+
+
+def parse_bootstrap(text: str, what: str = "bootstrap address") -> tuple[str, str]:
+    """``(text, peer_id)`` for a dialable ``/ip4/H/tcp/P/p2p/ID`` address."""
+    from ..core.identity import check_peer_id
+
+    m = _parse(text, what, _EXAMPLE)
+    vals = _proto_values(m)
+    if "p2p" not in vals or not vals["p2p"]:
+        raise InputError(f"{what} {text!r} has no /p2p/PEER_ID part",
+                         "copy the full address a daemon prints: fedswarm peer listening on ...")
+    _tcp(vals, text, what, _EXAMPLE, allow_zero=False)
+    check_peer_id(vals["p2p"], f"{what}'s peer id")
+    return text, vals["p2p"]
+
+
+def parse_listen_maddr(text: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``--listen`` multiaddr (``/ip4/H/tcp/P``)."""
+    ex = "/ip4/0.0.0.0/tcp/4001"
+    m = _parse(text, "listen address", ex)
+    vals = _proto_values(m)
+    if "p2p" in vals:
+        raise InputError(f"listen address {text!r} must not name a peer id (/p2p/...)", f"expected e.g. {ex}")
+    if "ip4" not in vals and "ip6" not in vals:
+        raise InputError(f"listen address {text!r} needs /ip4/ or /ip6/", f"expected e.g. {ex}")
+    return _tcp(vals, text, "listen address", ex, allow_zero=True)
+
+
+def parse_announce(text: str) -> str:
+    """An address to advertise instead of the listen addresses."""
+    ex = "/ip4/203.0.113.7/tcp/4001"
+    m = _parse(text, "announce address", ex)
+    _tcp(_proto_values(m), text, "announce address", ex, allow_zero=False)
+    return text
+
+
+def check_tcp_free(host: str, port: int, what: str = "port") -> None:
+    """Refuse a TCP port that something already listens on (no SO_REUSEPORT,
+    so a listener that has it does not let this bind succeed either)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise InputError(f"{what} {port} on {host} is already in use",
+                             "stop the other process or choose another port") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise InputError(f"no permission to listen on {host}:{port}", "use a port above 1023") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise InputError(f"{host} is not an address of this machine") from None
+        raise
+    finally:
+        s.close()
+
+
+def interface_addrs(version: int) -> list[str]:
+    """This machine's addresses of IP ``version`` (4 or 6), loopback included."""
+    try:
+        from multiaddr.utils import get_network_addrs
+
+        addrs = list(get_network_addrs(version) or [])
+    except Exception:
+        addrs = []
+    loop = "127.0.0.1" if version == 4 else "::1"
+    if loop not in addrs:
+        addrs.append(loop)
+    return list(dict.fromkeys(addrs))
