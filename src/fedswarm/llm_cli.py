@@ -1,13 +1,24 @@
-"""``peer generate``: generate text through the swarm's LLM block servers.
+"""``peer generate``, ``peer chat`` and ``peer api``: use an LLM whose decoder
+blocks are served by swarm peers.
 
-    peer generate --bootstrap MADDR --model DIR (--prompt TEXT | --prompt-ids IDS)
-        --max-new-tokens N [--greedy] [--temperature T] [--seed S] [--out FILE]
+    peer generate --bootstrap MADDR --model NAME (--prompt TEXT | --prompt-ids IDS) [--chat]
+        [--max-new-tokens N] [--greedy | --temperature T --top-k K --top-p P --seed S]
+        [--stop STR]... [--json | --out FILE] [-q]
+    peer chat --bootstrap MADDR --model NAME [--system TEXT] [sampling options]
+    peer api --bootstrap MADDR --listen 127.0.0.1:8000 [--model NAME]...
 
-The client loads only the embeddings, final norm and LM head from DIR (a
-checkpoint directory, or the name of a shipped model); the decoder blocks run
-on peers started with ``peer start --serve-model DIR --blocks A:B``. The new
-tokens go to stdout (text for byte-tokenizer models, else ids); timings to
-stderr; ``--out`` writes JSON with ``token_ids`` and ``text``.
+The client loads only the embeddings, final norm and LM head of the model (a
+name such as ``smollm2-135m-instruct`` or ``tiny-llama-gqa``, a checkpoint
+directory or a ``.gguf`` file, see ``resolve_model``) plus its tokenizer; the
+blocks run on peers started with ``peer start --serve-model M --blocks A:B``.
+
+``peer generate`` prints the new text as the tokens arrive (flushed per
+token) and the timings (connect, time to first token, tokens/s, route) on
+stderr; ``--json`` prints one JSON object instead; ``--out`` also writes it
+to a file. ``peer chat`` reads one user message per line from stdin (a pipe
+works), applies the model's chat template and keeps one session's KV cache
+across turns, so a turn prefills only the tokens the conversation gained.
+``peer api`` is in :mod:`fedswarm.api`.
 """
 
 from __future__ import annotations
@@ -16,121 +27,344 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-__all__ = ["add_generate", "parse_ids"]
+from .errors import InputError
+
+__all__ = ["add_generate", "parse_ids", "ClientModel", "load_client_model", "add_sampling_options",
+           "sampling_from_args", "context_limit"]
+
+# what one serving peer accepts per session by default (ServerLimits.max_session_length)
+SERVER_SESSION_LIMIT = 2048
 
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate with an LLM whose blocks are served by swarm peers")
-    p.add_argument("--bootstrap", action="append", required=True, help="multiaddr of a swarm peer (repeatable)")
-    p.add_argument("--model", required=True, help="checkpoint directory (or shipped model name); only the "
-                   "embeddings and the LM head are loaded")
+    """Register ``generate``, ``chat`` and ``api`` (one call from ``cli.main``)."""
+    p = sub.add_parser(
+        "generate", help="generate text with an LLM whose blocks are served by swarm peers",
+        description="Generate text through the swarm's serving peers, printed as it arrives. Example: "
+                    "peer generate --bootstrap MADDR --model smollm2-135m-instruct --chat "
+                    "--prompt 'What is the capital of France?' --greedy")
+    _add_common(p)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--prompt", help="prompt text (byte-tokenizer models)")
+    g.add_argument("--prompt", help="prompt text, tokenized with the model's tokenizer")
     g.add_argument("--prompt-ids", help="prompt token ids, comma or space separated")
-    p.add_argument("--max-new-tokens", type=int, required=True)
-    p.add_argument("--greedy", action="store_true", help="greedy decoding (default: sampling)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, help="sampling seed")
-    p.add_argument("--stop-at-eos", action="store_true", help="stop after the model's eos token")
-    p.add_argument("--out", help="write {token_ids, text, ...} as JSON here")
-    p.add_argument("--key", help="client key file (default: a fresh key)")
-    p.add_argument("--timeout", type=float, default=300.0, help="overall limit in seconds")
-    p.add_argument("--request-timeout", type=float, default=10.0, help="per-hop request limit in seconds")
-    p.add_argument("--connect-timeout", type=float, default=15.0)
-    p.add_argument("--torch-threads", type=int, help="torch intra-op threads of the client")
+    p.add_argument("--chat", action="store_true",
+                   help="render --prompt as one user message with the model's chat template (what the API's "
+                        "/v1/chat/completions does); default: off, the prompt is used as is")
+    p.add_argument("--system", help="system message for --chat (default: none)")
+    add_sampling_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, timings, route) "
+                   "on stdout instead of streaming the text (default: off)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no timings on stderr (default: off)")
+    p.add_argument("--out", help="also write the JSON result to this file (default: none)")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser(
+        "chat", help="interactive multi-turn chat with a swarm-served LLM",
+        description="Chat on stdin/stdout: one user message per line, the answer streams back. /reset starts "
+                    "over, /quit or EOF (Ctrl-D) ends. The session's KV cache is kept across turns. Example: "
+                    "peer chat --bootstrap MADDR --model smollm2-135m-instruct")
+    _add_common(p)
+    p.add_argument("--system", help="system message (default: none)")
+    p.add_argument("--context", type=int, default=SERVER_SESSION_LIMIT,
+                   help=f"positions the conversation may use, at most the model's context "
+                        f"(default: {SERVER_SESSION_LIMIT})")
+    add_sampling_options(p, default_max=256)
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-turn statistics on stderr (default: off)")
+    p.set_defaults(func=_cmd_chat)
+
+    from .api import add_api
+
+    add_api(sub)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", action="append", required=True, help="multiaddr of a swarm peer (repeatable)")
+    p.add_argument("--model", required=True,
+                   help="model name (e.g. smollm2-135m-instruct, tiny-llama-gqa), checkpoint directory or .gguf "
+                        "file; only the embeddings, final norm and LM head are loaded")
+    p.add_argument("--key", help="client key file (default: a fresh key)")
+    p.add_argument("--timeout", type=float, default=300.0, help="overall limit in seconds (default: 300)")
+    p.add_argument("--request-timeout", type=float, default=10.0,
+                   help="per-hop request limit in seconds (default: 10)")
+    p.add_argument("--connect-timeout", type=float, default=15.0,
+                   help="seconds to reach the swarm and find a chain of peers (default: 15)")
+    p.add_argument("--torch-threads", type=int, help="torch intra-op threads of the client (default: torch's)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, *, default_max: int = 64) -> None:
+    p.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=default_max,
+                   help=f"most tokens to generate (default: {default_max})")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding, same as --temperature 0 (default: off)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 = greedy (default: 1)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens, 0 = all (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: 1)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="penalty > 0 on tokens already seen, 1 = off (default: 1)")
+    p.add_argument("--seed", type=int, help="sampling seed; same seed and route give the same text "
+                   "(default: random, printed)")
+    p.add_argument("--stop", action="append", default=[], help="stop string, not printed (repeatable; default: none)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going after the end-of-sequence token "
+                   "(default: stop there)")
+    p.add_argument("--stop-at-eos", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
+
+
+def sampling_from_args(a: argparse.Namespace) -> Any:
+    from .tasks.sampling import SamplingParams
+
+    return SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, greedy=a.greedy,
+                          top_k=a.top_k, top_p=a.top_p, repetition_penalty=a.repetition_penalty, seed=a.seed,
+                          stop=tuple(a.stop), stop_at_eos=not a.ignore_eos)
 
 
 def parse_ids(text: str) -> list[int]:
     try:
         ids = [int(x) for x in text.replace(",", " ").split()]
     except ValueError:
-        raise ValueError(f"--prompt-ids must be integers, got {text!r}") from None
+        raise InputError(f"--prompt-ids must be integers, got {text!r}") from None
     if not ids:
-        raise ValueError("--prompt-ids is empty")
+        raise InputError("--prompt-ids is empty")
     return ids
 
 
-def _cmd_generate(a: argparse.Namespace) -> int:
-    from .tasks.checkpoint import load_client_head, model_hash, resolve_model
-    from .tasks.tokenizer import ByteTokenizer
+# ----------------------------------------------------------------- the client's part of a model
 
+@dataclass
+class ClientModel:
+    """What a client holds of a model: head, hash, tokenizer."""
+
+    name: str
+    path: Path
+    head: Any
+    hash: str
+    tokenizer: Any
+
+    @property
+    def config(self) -> Any:
+        return self.head.config
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+
+def resolve(ref: str) -> Path:
+    """A model name, directory or .gguf file -> its path (InputError if unknown)."""
+    from .tasks.checkpoint import resolve_model
+
+    try:
+        return Path(resolve_model(ref, allow_paths=True))
+    except InputError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+
+
+def load_client_model(ref: str) -> ClientModel:
+    from .tasks.checkpoint import load_client_head, model_hash
+    from .tasks.tokenizer import load_tokenizer
+
+    path = resolve(ref)
+    try:
+        head = load_client_head(path)
+        mhash = model_hash(path)
+        tok = load_tokenizer(path)
+    except InputError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot load model {ref!r}: {exc}") from None
+    return ClientModel(ref, path, head, mhash, tok)
+
+
+def context_limit(model: ClientModel, want: int | None = None) -> int:
+    """Positions a session may use: the model's context, what a serving peer
+    holds per session by default, and ``want``."""
+    n = min(model.config.max_position_embeddings, SERVER_SESSION_LIMIT)
+    return min(n, want) if want else n
+
+
+def _set_threads(a: argparse.Namespace) -> None:
     if a.torch_threads:
         import torch
 
         torch.set_num_threads(a.torch_threads)
-    d = Path(a.model)
     try:
-        if not (d / "config.json").is_file():
-            d = resolve_model(a.model)
-        head = load_client_head(d)
-        mhash = model_hash(d)
-        cfg = head.config
-        if a.prompt is not None:
-            if cfg.tokenizer != "bytes":
-                raise ValueError("--prompt needs a byte-tokenizer model; use --prompt-ids")
-            prompt = ByteTokenizer().encode(a.prompt)
+        from .daemon import quiet_libraries
+    except ImportError:
+        return
+    quiet_libraries()
+
+
+def _route_text(route: list[dict[str, Any]]) -> str:
+    return " -> ".join(f"{h['peer'][-8:]}[{h['blocks'][0]}:{h['blocks'][1]}]" for h in route)
+
+
+def open_llm(a: argparse.Namespace, model: ClientModel) -> Any:
+    """``async with open_llm(a, model) as (llm, connect_s)``: a swarm client with
+    a chain for ``model``."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def cm() -> Any:
+        from .client import open_swarm_client
+        from .core.identity import Identity, load_or_create_key
+        from .llm_client import SwarmLLM
+
+        identity = load_or_create_key(a.key) if a.key else Identity.generate()
+        t0 = time.perf_counter()
+        async with open_swarm_client(a.bootstrap, identity=identity, connect_timeout=a.connect_timeout) as client:
+            llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), model.head,
+                           model.hash, request_timeout=a.request_timeout, route_timeout=a.connect_timeout)
+            await llm.warm_up()
+            yield llm, time.perf_counter() - t0
+
+    return cm()
+
+
+# ----------------------------------------------------------------- peer generate
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    _set_threads(a)
+    params = sampling_from_args(a)
+    model = load_client_model(a.model)
+    if a.prompt is not None:
+        if a.chat:
+            msgs = ([{"role": "system", "content": a.system}] if a.system else []) + [
+                {"role": "user", "content": a.prompt}]
+            prompt = model.render_chat(msgs)
         else:
-            prompt = parse_ids(a.prompt_ids)
-        if any(not 0 <= i < cfg.vocab_size for i in prompt):
-            raise ValueError(f"prompt ids must be in [0, {cfg.vocab_size})")
-        if a.max_new_tokens < 1 or len(prompt) + a.max_new_tokens > cfg.max_position_embeddings:
-            raise ValueError(f"need 1 <= max-new-tokens and prompt + new <= {cfg.max_position_embeddings}")
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    eos = cfg.extra.get("eos_token_id") if a.stop_at_eos else None
+            prompt = model.encode(a.prompt)
+    else:
+        if a.chat:
+            raise InputError("--chat needs --prompt")
+        prompt = parse_ids(a.prompt_ids)
+    vocab = model.config.vocab_size
+    if any(not 0 <= i < vocab for i in prompt):
+        raise InputError(f"prompt ids must be in [0, {vocab})")
+    ctx = context_limit(model)
+    if not prompt:
+        raise InputError("the prompt is empty")
+    if len(prompt) + params.max_new_tokens > ctx:
+        raise InputError(f"prompt of {len(prompt)} tokens + {params.max_new_tokens} new tokens exceeds the "
+                         f"context of {ctx} tokens", "shorten the prompt or lower --max-new-tokens")
+    stream = not a.json
+
+    def on_text(piece: str) -> None:
+        if stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    async def run() -> tuple[Any, float]:
+        with trio.fail_after(a.timeout):
+            async with open_llm(a, model) as (llm, connect_s):
+                res = await llm.generate(prompt, params=params, tokenizer=model.tokenizer, on_text=on_text)
+                return res, connect_s
+
     try:
-        res, connect_s = trio.run(_generate, a, head, mhash, prompt, eos)
+        res, connect_s = trio.run(run)
     except trio.TooSlowError:
-        print(f"timeout after {a.timeout}s", file=sys.stderr)
-        return 2
-    except Exception as exc:  # FederationError and friends: one line, no traceback
-        print(f"generation failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    text = ByteTokenizer().decode(res.token_ids) if cfg.tokenizer == "bytes" else None
-    print(text if text is not None else " ".join(map(str, res.token_ids)))
-    hops = " -> ".join(f"{h['peer'][-8:]}[{h['blocks'][0]}:{h['blocks'][1]}]" for h in res.route)
-    print(f"connect {connect_s:.3f}s, time to first token {res.ttft_s:.3f}s, "
-          f"{res.decode_tokens_per_s:.1f} tokens/s ({len(res.token_ids)} tokens in {res.total_s:.3f}s) "
-          f"via {hops}" + (f", {len(res.recoveries)} recoveries" if res.recoveries else ""), file=sys.stderr)
+        from .errors import FederationError
+
+        raise FederationError(f"generation did not finish within --timeout {a.timeout}s") from None
+    if stream:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    out = {
+        "text": res.text,
+        "token_ids": res.token_ids,
+        "prompt_ids": prompt,
+        "finish_reason": res.finish_reason,
+        "seed": res.seed,
+        "model": a.model,
+        "model_hash": model.hash,
+        "connect_s": round(connect_s, 4),
+        "ttft_s": round(res.ttft_s, 4),
+        "tokens_per_s": round(res.decode_tokens_per_s, 2),
+        "total_s": round(res.total_s, 4),
+        "route": res.route,
+        "recoveries": [{k: v for k, v in r.items() if k != "t"} for r in res.recoveries],
+    }
+    if a.json:
+        print(json.dumps(out))
+    if not a.quiet:
+        print(f"connect {connect_s:.3f}s, time to first token {res.ttft_s:.3f}s, "
+              f"{res.decode_tokens_per_s:.1f} tokens/s ({len(res.token_ids)} tokens in {res.total_s:.3f}s, "
+              f"{res.finish_reason}, seed {res.seed}) via {_route_text(res.route)}"
+              + (f", {len(res.recoveries)} recoveries" if res.recoveries else ""), file=sys.stderr)
     if a.out:
-        out = {
-            "token_ids": res.token_ids,
-            "text": text,
-            "prompt_ids": prompt,
-            "model_hash": mhash,
-            "connect_s": round(connect_s, 4),
-            "ttft_s": round(res.ttft_s, 4),
-            "tokens_per_s": round(res.decode_tokens_per_s, 2),
-            "total_s": round(res.total_s, 4),
-            "route": res.route,
-            "recoveries": [{k: v for k, v in r.items() if k != "t"} for r in res.recoveries],
-        }
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 
-async def _generate(a: argparse.Namespace, head: Any, mhash: str, prompt: list[int], eos: int | None) -> Any:
-    from .client import open_swarm_client
-    from .core.identity import Identity, load_or_create_key
-    from .llm_client import SwarmLLM
+# ----------------------------------------------------------------- peer chat
 
-    from .net import libp2p as _libp2p  # noqa: F401 - import cost is not connect time
+def _cmd_chat(a: argparse.Namespace) -> int:
+    _set_threads(a)
+    params = sampling_from_args(a)
+    model = load_client_model(a.model)
+    ctx = context_limit(model, a.context)
+    if ctx < 2:
+        raise InputError(f"--context {a.context} is too small")
+    interactive = sys.stdin.isatty()
+    trio.run(_chat, a, model, params, ctx, interactive)
+    return 0
 
-    identity = load_or_create_key(a.key) if a.key else Identity.generate()
-    with trio.fail_after(a.timeout):
-        t0 = time.perf_counter()
-        async with open_swarm_client(a.bootstrap, identity=identity, connect_timeout=a.connect_timeout) as client:
-            llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), head, mhash,
-                           request_timeout=a.request_timeout, route_timeout=a.connect_timeout)
-            await llm.wait_route()
-            connect_s = time.perf_counter() - t0
-            res = await llm.generate(prompt, a.max_new_tokens, greedy=a.greedy, temperature=a.temperature,
-                                     seed=a.seed, eos_id=eos)
-            return res, connect_s
+
+async def _chat(a: argparse.Namespace, model: ClientModel, params: Any, ctx: int, interactive: bool) -> None:
+    def say(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def note(text: str) -> None:
+        if not a.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    async with open_llm(a, model) as (llm, connect_s):
+        note(f"[connected in {connect_s:.2f}s; {model.name}; /reset starts over, /quit or Ctrl-D ends]")
+        system = [{"role": "system", "content": a.system}] if a.system else []
+        messages = list(system)
+        sess = await llm.session(ctx).__aenter__()
+        turn = 0
+        try:
+            while True:
+                if interactive:
+                    say("> ")
+                line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+                if not line:
+                    break
+                text = line.rstrip("\r\n")
+                if not text.strip():
+                    continue
+                if text.strip() in ("/quit", "/exit"):
+                    break
+                if text.strip() == "/reset":
+                    await sess.close()
+                    sess = await llm.session(ctx).__aenter__()
+                    messages = list(system)
+                    note("[conversation reset]")
+                    continue
+                turn += 1
+                trial = messages + [{"role": "user", "content": text}]
+                ids = model.render_chat(trial)
+                room = ctx - len(ids)
+                if room < 1:
+                    note(f"[error: the conversation needs {len(ids)} of {ctx} positions; /reset to start over]")
+                    continue
+                p = params.with_(max_new_tokens=min(params.max_new_tokens, room),
+                                 seed=None if params.seed is None else params.seed + turn - 1)
+                res = await llm.generate(ids, params=p, tokenizer=model.tokenizer, on_text=say, session=sess)
+                say("\n")
+                messages = trial + [{"role": "assistant", "content": res.text or ""}]
+                note(f"[turn {turn}: prefilled {res.prefill_tokens} new tokens, reused {res.reused_tokens}; "
+                     f"{len(res.token_ids)} tokens, ttft {res.ttft_s:.3f}s, {res.decode_tokens_per_s:.1f} tokens/s, "
+                     f"{res.finish_reason}; session {sess.length}/{ctx} positions]")
+        finally:
+            await sess.close()

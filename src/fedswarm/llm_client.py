@@ -236,6 +236,23 @@ class SwarmLLM:
                               f"after {timeout}s; spans seen: {have}")
             await trio.sleep(0.02)
 
+    async def warm_up(self, timeout: float = 5.0) -> list[Hop]:
+        """Find a chain and open a connection to each of its peers at once
+        (an ``info`` request each, in parallel), so the first generation does
+        not dial them one after another. Failures are left to ``generate``."""
+        route = await self.wait_route()
+
+        async def one(peer: str) -> None:
+            try:
+                await self.info(peer, timeout)
+            except _HopFailed:
+                pass
+
+        async with trio.open_nursery() as n:
+            for peer in sorted({h.peer for h in route}):
+                n.start_soon(one, peer)
+        return route
+
     def ban(self, peer: str, seconds: float | None = None) -> None:
         self.banned[peer] = time.monotonic() + (self.ban_s if seconds is None else seconds)
         self.rtt.pop(peer, None)
