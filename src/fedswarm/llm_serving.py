@@ -254,6 +254,7 @@ class BlockServer:
         self._pending: list[_Item] = []
         self._running = False
         self._changed = trio.Event()
+        self.model_name: str | None = None
         #: called as ``fn(tokens, seconds, batch)`` after each forward
         #: request is answered (metrics: per-hop and per-token latency)
         self.observers: list[Callable[[int, float, int], None]] = []
@@ -552,11 +553,10 @@ async def start_block_server(
     """
     from .core.wire import Span
 
-    d = Path(model_dir)
-    if not (d / "config.json").is_file():
-        from .tasks.checkpoint import resolve_model
+    from .tasks.checkpoint import resolve_model
 
-        d = resolve_model(str(model_dir))
+    # the operator's --serve-model: a name, a HF directory or a .gguf file
+    d = resolve_model(model_dir, allow_paths=True)
     cfg = load_config(d)
     t0 = time.perf_counter()
     mhash = await trio.to_thread.run_sync(model_hash, d)
@@ -579,6 +579,7 @@ async def start_block_server(
     load_s = time.perf_counter() - t0
     thr = await trio.to_thread.run_sync(measure_throughput, span)
     server = BlockServer(span, mhash, limits=limits)
+    server.model_name = Path(str(model_dir)).name  # what the dashboard calls it
     transport.set_request_handler(PROTOCOL, server.handle)
     core.set_spans((Span(mhash, start, end, thr),))
     desc = {"model": mhash, "dir": str(d), "blocks": [start, end], "throughput": thr, "load_s": round(load_s, 3),

@@ -47,6 +47,16 @@ function replaceBody(table, rows) {
   tb.replaceChildren(...rows);
 }
 
+// redraw a section only when what it shows changed (keeps hovers and
+// selections alive between updates)
+const drawn = new Map();
+function changed(section, data) {
+  const key = JSON.stringify(data);
+  if (drawn.get(section) === key) return false;
+  drawn.set(section, key);
+  return true;
+}
+
 // ---------------------------------------------------------------- peers
 
 function peerRow(p) {
@@ -110,6 +120,7 @@ function sparkline(ts, ys, color, { min = 0, max = null, ref = null } = {}) {
   svg.setAttribute("class", "spark");
   const pts = ys.map((y, i) => [ts[i], y]).filter(([, y]) => y !== null && y !== undefined);
   if (pts.length === 0) return svg;
+  if (pts.length === 1) pts.push([pts[0][0] + 1, pts[0][1]]); // one sample: a flat line
   const t0 = Math.min(...ts), t1 = Math.max(...ts, t0 + 1);
   const hi = max !== null ? max : Math.max(...pts.map(([, y]) => y), ref || 0, 1e-9);
   const X = (t) => pad + ((t - t0) / (t1 - t0)) * (w - 2 * pad);
@@ -156,23 +167,27 @@ function render(st) {
   document.getElementById("me").title = st.peer;
   document.getElementById("footer-peer").textContent = short(st.peer);
   document.getElementById("peers-count").textContent = st.peers.length;
-  replaceBody("peers", st.peers.map(peerRow));
+  if (changed("peers", st.peers)) replaceBody("peers", st.peers.map(peerRow));
   const models = document.getElementById("models");
-  if (st.models.length) models.replaceChildren(...st.models.map(modelView));
-  else models.replaceChildren(el("p", { class: "muted" }, "no peer in view serves model blocks"));
+  if (changed("models", st.models)) {
+    if (st.models.length) models.replaceChildren(...st.models.map(modelView));
+    else models.replaceChildren(el("p", { class: "muted" }, "no peer in view serves model blocks"));
+  }
   document.getElementById("sessions-count").textContent = st.sessions.length;
-  replaceBody("sessions", st.sessions.length ? st.sessions.map((s) => el("tr", {},
+  if (changed("sessions", [st.sessions, !!st.llm])) replaceBody("sessions", st.sessions.length ? st.sessions.map((s) => el("tr", {},
     el("td", { title: s.client }, short(s.client)), el("td", { class: "mono" }, `${s.span[0]}:${s.span[1]}`),
     el("td", { class: "num" }, `${s.length} / ${s.max_length}`), el("td", { class: "num" }, `${fmt(s.idle_s, 0)} s`)))
     : [el("tr", {}, el("td", { colspan: 4, class: "muted" }, st.llm ? "no open sessions" : "this peer serves no blocks"))]);
   document.getElementById("jobs-count").textContent = st.leases.length;
-  replaceBody("jobs", st.leases.length ? st.leases.map((l) => el("tr", { class: l.state },
+  if (changed("jobs", [st.leases, st.stats.shards_run])) replaceBody("jobs", st.leases.length ? st.leases.map((l) => el("tr", { class: l.state },
     el("td", { title: l.tenant }, short(l.tenant)), el("td", { class: "mono" }, l.job_id.slice(0, 12)),
     el("td", { class: "num" }, l.attempt ? `${l.shard} (try ${l.attempt + 1})` : l.shard), el("td", {}, l.state),
     el("td", { class: "num" }, `${fmt(l.run_s, 1)} s`), el("td", { class: "num" }, fmt(l.level, 2))))
     : [el("tr", {}, el("td", { colspan: 6, class: "muted" }, `no shards here · ${st.stats.shards_run || 0} run so far`))]);
-  const trows = tenantRows(st);
-  replaceBody("tenants", trows.length ? trows : [el("tr", {}, el("td", { colspan: 6, class: "muted" }, "no tenant has used the swarm yet"))]);
+  if (changed("tenants", [st.tenant_shares, st.tenant_rho, st.energy_j_by_tenant, st.history])) {
+    const trows = tenantRows(st);
+    replaceBody("tenants", trows.length ? trows : [el("tr", {}, el("td", { colspan: 6, class: "muted" }, "no tenant has used the swarm yet"))]);
+  }
   document.getElementById("updated").textContent = new Date().toLocaleTimeString();
   document.body.dataset.peers = st.peers.length;
 }
