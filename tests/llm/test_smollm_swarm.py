@@ -1,0 +1,48 @@
+"""Greedy generation through 2 and 3 peers (in-process MemoryNetwork swarm)
+equals transformers' model loaded from the same GGUF, token for token: the
+pulled SmolLM2 (tied embeddings, Q4_1/Q8_0) and a small GGUF with untied
+embeddings (F16/Q8_0) that the test writes."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from fedswarm.tasks.tokenizer import load_tokenizer
+from gguf_testing import hf_greedy, smollm_path, tiny_files
+from llm_swarm_helpers import memory_swarm
+
+N_NEW = 12
+CHAINS = {
+    "smollm": (["0:15", "15:30"], ["0:7", "7:19", "19:30"]),
+    "tiny": (["0:2", "2:4"], ["0:1", "1:3", "3:4"]),
+}
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    return {"smollm": smollm_path(), "tiny": tiny_files(str(tmp_path_factory.mktemp("swarm")))[0]}
+
+
+@pytest.mark.parametrize("which", ["smollm", "tiny"])
+def test_swarm_greedy_equals_transformers_on_gguf(which, paths):
+    path = paths[which]
+    tok = load_tokenizer(path)
+    chat = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+    prompt = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
+    ref = hf_greedy(str(path), tuple(prompt), N_NEW)
+    assert len(ref) == N_NEW and len(set(ref)) > 3
+    got = {}
+
+    async def main():
+        for blocks in CHAINS[which]:
+            async with memory_swarm(path, blocks) as s:
+                res = await s.llm.generate(prompt, N_NEW, greedy=True)
+                got[tuple(blocks)] = res.token_ids
+                assert [h["blocks"] for h in res.route] == [[int(x) for x in b.split(":")] for b in blocks]
+
+    trio.run(main)
+    for blocks, toks in got.items():
+        assert toks == ref, (blocks, tok.decode(toks), tok.decode(ref))
+    if which == "smollm":
+        assert tok.decode(ref).strip()  # readable text, not ids
