@@ -83,7 +83,7 @@ class LlmBatchTask:
         check_params(params, _PARAMS, required=("model",))
         j = _Job()
         j.name = param_str(params, "model", None, max_len=128)
-        j.model_dir = resolve_model(j.name, roots=self.model_roots)
+        j.model_dir = resolve_model(j.name, allow_paths=False, roots=self.model_roots)
         j.config = cfg = load_config(j.model_dir)
         j.expected_hash = params.get("model_hash")
         if j.expected_hash is not None:
