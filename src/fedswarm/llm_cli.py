@@ -168,11 +168,25 @@ def resolve(ref: str) -> Path:
         raise InputError(str(exc)) from None
 
 
-def load_client_model(ref: str) -> ClientModel:
+def load_client_model(ref: str, *, cache: bool = True) -> ClientModel:
+    """The client's part of model ``ref``: LM head, hash and tokenizer.
+
+    For a GGUF file this is kept in a per-user cache (see :func:`head_cache_dir`):
+    opening a GGUF file with ``gguf.GGUFReader`` parses every metadata field,
+    the 49,152-token vocabulary and its merges included (about 4 s for
+    SmolLM2 here, before any token could be generated). The cache holds the
+    head's tensors (safetensors), the parsed config, the model hash and the
+    tokenizer (``tokenizer.json``), keyed by the file's path, size, mtime and
+    inode, so it is rebuilt whenever the file changes.
+    """
     from .tasks.checkpoint import load_client_head, model_hash
     from .tasks.tokenizer import load_tokenizer
 
     path = resolve(ref)
+    if cache and path.suffix == ".gguf":
+        hit = _cache_load(path)
+        if hit is not None:
+            return ClientModel(ref, path, *hit)
     try:
         head = load_client_head(path)
         mhash = model_hash(path)
@@ -181,7 +195,96 @@ def load_client_model(ref: str) -> ClientModel:
         raise
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot load model {ref!r}: {exc}") from None
+    if cache and path.suffix == ".gguf":
+        _cache_store(path, head, mhash, tok)
     return ClientModel(ref, path, head, mhash, tok)
+
+
+HEAD_CACHE_VERSION = 1
+
+
+def head_cache_dir() -> Path:
+    """``$FEDSWARM_CACHE_DIR`` or the platform's user cache dir, + ``client-heads``."""
+    import os
+
+    root = os.environ.get("FEDSWARM_CACHE_DIR")
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("fedswarm")
+    return Path(root) / "client-heads"
+
+
+def _cache_key(path: Path) -> Path:
+    import hashlib
+
+    p = path.resolve()
+    st = p.stat()
+    key = f"v{HEAD_CACHE_VERSION}\0{p}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+    return head_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _cache_load(path: Path) -> tuple[Any, str, Any] | None:
+    import torch
+    from safetensors.torch import load_file
+
+    from .tasks.llama import LlamaClientHead, LlamaConfig
+    from .tasks.tokenizer import HFTokenizer
+
+    try:
+        d = _cache_key(path)
+        meta = json.loads((d / "meta.json").read_text())
+        if meta.get("version") != HEAD_CACHE_VERSION:
+            return None
+        cfg = LlamaConfig(**meta["config"])
+        tensors = load_file(str(d / "head.safetensors"))
+        with torch.device("meta"):
+            head = LlamaClientHead(cfg)
+        head.load_state_dict(tensors, strict=True, assign=True)
+        t = meta["tokenizer"]
+        from tokenizers import Tokenizer
+
+        tok = HFTokenizer(Tokenizer.from_str((d / "tokenizer.json").read_text()), name=t["name"],
+                          chat_template=t["chat_template"], bos_token=t["bos_token"], eos_token=t["eos_token"],
+                          extra_special=t["extra_special"], eos_ids=t["eos_ids"], add_bos=t["add_bos"])
+        return head.eval(), str(meta["hash"]), tok
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, Exception):  # noqa: BLE001 - a bad cache is rebuilt
+        return None
+
+
+def _cache_store(path: Path, head: Any, mhash: str, tok: Any) -> None:
+    import dataclasses
+    import os
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from .tasks.tokenizer import HFTokenizer
+
+    if not isinstance(tok, HFTokenizer):
+        return
+    try:
+        d = _cache_key(path)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=d.parent))
+        try:
+            save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
+            (tmp / "tokenizer.json").write_text(tok.backend.to_str())
+            special = {k: v for k, v in tok._special.items() if k not in ("bos_token", "eos_token")}
+            meta = {"version": HEAD_CACHE_VERSION, "source": str(path.resolve()), "hash": mhash,
+                    "config": dataclasses.asdict(head.config),
+                    "tokenizer": {"name": tok.name, "chat_template": tok.chat_template, "bos_token": tok.bos_token,
+                                  "eos_token": tok.eos_token, "extra_special": special,
+                                  "eos_ids": sorted(tok.eos_ids), "add_bos": bool(tok._add_bos)}}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            if d.exists():
+                shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        pass  # no cache: the next start parses the file again
 
 
 def context_limit(model: ClientModel, want: int | None = None) -> int:
