@@ -24,6 +24,18 @@ __all__ = ["plot_run", "plot_compare", "stem_of"]
 
 #: message kinds that are membership traffic rather than scheduling
 BACKGROUND = ("Gossip", "PeerState")
+#: one colour per policy in every figure, whatever order the JSON lists them in
+POLICY_ORDER = ("fedswarm", "fedswarm-race", "centralized", "centralized-instant", "fifo", "fifo-instant",
+                "random", "random-instant", "sparrow", "sparrow-instant")
+_TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+POLICY_COLORS = {p: c for p, c in zip(("fedswarm", "centralized", "fifo", "random", "sparrow", "fedswarm-race",
+                                        "centralized-instant", "fifo-instant", "random-instant", "sparrow-instant"),
+                                       _TAB10)}
+
+
+def _ordered(runs: dict[str, Any]) -> dict[str, Any]:
+    rank = {p: i for i, p in enumerate(POLICY_ORDER)}
+    return {p: runs[p] for p in sorted(runs, key=lambda p: (rank.get(p, len(rank)), p))}
 
 
 def _plt() -> Any:
@@ -35,6 +47,12 @@ def _plt() -> Any:
     return plt
 
 
+def _ticker() -> Any:
+    import matplotlib.ticker as ticker
+
+    return ticker
+
+
 def stem_of(path: str | Path) -> Path:
     """``out/c.json`` or ``out/c.png`` -> ``out/c``."""
     p = Path(path)
@@ -44,14 +62,25 @@ def stem_of(path: str | Path) -> Path:
 def _cdf(ax: Any, values: list[float], label: str) -> None:
     xs = sorted(max(v, 1e-3) for v in values)
     if xs:
-        ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=label)
+        ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=label,
+                color=POLICY_COLORS.get(label))
 
 
 def _draw_cdfs(axes: Any, runs: dict[str, dict[str, Any]]) -> None:
     for ax, metric, label in ((axes[0], "jct_s", "job completion time (s)"), (axes[1], "rho", "finish-time fairness rho")):
+        xs = []
         for pol, d in runs.items():
-            _cdf(ax, [j[metric] for j in d["jobs"] if j.get(metric) is not None], pol)
+            vals = [j[metric] for j in d["jobs"] if j.get(metric) is not None]
+            xs.extend(vals)
+            _cdf(ax, vals, pol)
         ax.set_xscale("log")  # heavy tails: a linear axis hides all but the worst policy
+        plain = _ticker().FuncFormatter(lambda v, _pos: f"{v:g}")
+        lo, hi = (max(min(xs), 1e-3), max(max(xs), 1e-3)) if xs else (1.0, 10.0)
+        # 1-2-5 ticks over a few decades; powers of ten only over more
+        subs = (1.0, 2.0, 5.0) if hi / lo < 10 ** 2.5 else (1.0,)
+        ax.xaxis.set_major_locator(_ticker().LogLocator(base=10, subs=subs))
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(_ticker().NullFormatter())
         ax.set_xlabel(label + ", log scale")
         ax.set_ylabel("fraction of jobs")
         ax.grid(True, which="major", alpha=0.3)
@@ -99,9 +128,12 @@ def _draw_messages(ax: Any, runs: dict[str, dict[str, Any]]) -> None:
     rates = {p: _msgs_per_peer_s(runs[p]) for p in pols}
     kinds = sorted({k for r in rates.values() for k in r}, key=lambda k: (k in BACKGROUND, k))
     bottom = [0.0] * len(pols)
-    for k in kinds:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    for i, k in enumerate(kinds):
         ys = [rates[p].get(k, 0.0) for p in pols]
-        ax.bar(pols, ys, bottom=bottom, label=k, hatch="//" if k in BACKGROUND else None)
+        ax.bar(pols, ys, bottom=bottom, label=k, color=cmap(i % 20), hatch="//" if k in BACKGROUND else None)
         bottom = [b + y for b, y in zip(bottom, ys)]
     ax.set_ylabel("messages per peer per second")
     ax.set_title("messages by kind (hatched: membership gossip)", fontsize="medium")
@@ -128,6 +160,7 @@ def _save(fig: Any, path: Path, written: list[str]) -> None:
 
 def _write_all(runs: dict[str, dict[str, Any]], shares: tuple[str, dict[str, Any]], stem: Path, title: str) -> list[str]:
     plt = _plt()
+    runs = _ordered(runs)
     stem.parent.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))

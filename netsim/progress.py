@@ -59,7 +59,7 @@ class _Task:
     def line(self, final: bool = False) -> str:
         parts = [f"netsim: {self.label}"]
         if self.total:
-            parts.append(f"{100.0 * min(self.done / self.total, 1.0):3.0f}%")
+            parts.append(f"{int(100.0 * min(self.done / self.total, 1.0)):3d}%")  # floor: 100% only when done
         parts.append(f"sim={self.sim_t:.1f}s events={self.events} ({self.rate():.0f}/s)")
         el = time.perf_counter() - self.t0
         if final:
