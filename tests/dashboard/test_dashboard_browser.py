@@ -161,3 +161,44 @@ def test_dashboard_shows_peers_coverage_and_a_killed_peer_leaving(swarm, browser
     with urllib.request.urlopen(server.metrics_url + "/status", timeout=5) as r:
         status = json.load(r)
     assert victim.peer_id not in {p["peer"] for p in status["peers"]}
+
+
+def test_a_peer_filling_the_gap_and_a_generation_show_up(swarm, browser) -> None:
+    """A fourth peer serves blocks 2:4: the strip turns whole without a
+    reload; a real ``peer generate`` through the chain feeds the serving
+    peer's LLM metrics (tokens, sessions, per-hop and per-token latency)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = swarm.peers[0]
+    browser.get(server.metrics_url + "/")
+    wait = WebDriverWait(browser, 90, poll_frequency=0.2)
+    until(wait, lambda s: s["models"] and s["models"][0]["gaps"] == "2:4")
+    browser.execute_script("window.__no_reload = 2;")
+    filler = swarm.start_peer(3, bootstrap=[server.addr], extra=["--serve-model", "tiny-llama-gqa", "--blocks", "2:4"])
+    swarm.peers.append(filler)  # stopped with the others
+    st = until(wait, lambda s: s["models"] and s["models"][0]["gaps"] == "")
+    (model,) = st["models"]
+    assert "every block is served" in model["gapText"]
+    assert sorted(model["holders"]) == sorted([server.peer_id, filler.peer_id])
+    assert not any("gap" in cls.split() for _, cls in model["cells"])
+    assert st["marker"] == 2
+
+    gen = subprocess.run([sys.executable, "-m", "fedswarm.cli", "generate", "--bootstrap", server.addr, "--model",
+                          "tiny-llama-gqa", "--prompt", "hello", "--max-new-tokens", "6", "--greedy",
+                          "--torch-threads", "1", "-q", "--timeout", "120"],
+                         capture_output=True, text=True, timeout=180)
+    assert gen.returncode == 0, gen.stderr
+    with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5) as r:
+        metrics = r.read().decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line and not line.startswith("#")}
+    assert values["fedswarm_llm_tokens_total"] >= 6
+    assert values["fedswarm_llm_hop_latency_seconds_count"] >= 6
+    assert values["fedswarm_llm_token_latency_seconds_count"] == values["fedswarm_llm_hop_latency_seconds_count"]
+    assert values["fedswarm_llm_batch_size_count"] >= 1
+    assert "fedswarm_llm_sessions" in values
+    with urllib.request.urlopen(server.metrics_url + "/status", timeout=5) as r:
+        status = json.load(r)
+    (span,) = status["spans"]
+    assert (span["start"], span["end"]) == (0, 2) and span["sessions"] == len(status["sessions"])
+    assert status["llm"]["tokens"] >= 6 and status["llm"]["sessions_opened"] >= 1
