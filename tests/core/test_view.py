@@ -65,3 +65,50 @@ def test_expire_drops_exactly_the_expired_entries_and_buries_them(ops: list) -> 
         if len(buried) > 6:  # the newest max_size are kept
             buried = dict(sorted(buried.items(), key=lambda kv: (-kv[1], kv[0]))[:6])
         assert dict(v.graveyard) == buried
+
+
+def _state_cap(seq: int, ttl: float, leaving: bool, slots: int, free: tuple[float, ...]) -> PeerState:
+    from dataclasses import replace
+
+    return replace(_state(seq, ttl, leaving), slots=slots, free_s=free)
+
+
+# (advance time by, peer, seq, ttl, leaving, slots, busy slots, action)
+cap_steps = st.lists(
+    st.tuples(st.floats(0, 40), st.sampled_from("abcdefgh"), st.integers(0, 6), st.floats(1, 120), st.booleans(),
+              st.integers(0, 4), st.integers(0, 4), st.sampled_from(["merge", "expire", "remove", "ask", "ask-earlier"])),
+    max_size=60,
+)
+
+
+@settings(max_examples=200)
+@given(cap_steps)
+def test_capacity_equals_a_scan_of_the_live_entries(ops: list) -> None:
+    """The running capacity sums agree with summing ``live(now)`` after any
+    mix of merges (new, replaced, tombstones, evictions), expiries, removals
+    and questions about the present or the past."""
+    v = View("me", max_size=5)
+    now = 0.0
+
+    def scan(t: float) -> tuple[int, int, int]:
+        slots = known = busy = 0
+        for e in v.live(t):
+            slots += e.state.slots
+            if e.state.free_s and len(e.state.free_s) == min(e.state.slots, 64):
+                known += len(e.state.free_s)
+                busy += sum(1 for x in e.state.free_s if x > 0.0)
+        return slots, known, busy
+
+    for dt, peer, seq, ttl, leaving, slots, busy, action in ops:
+        now += dt
+        if action == "merge":
+            busy = min(busy, slots)
+            free = tuple([0.0] * (slots - busy) + [5.0] * busy)
+            v.merge(peer, _state_cap(seq, ttl, leaving, slots, free), now - dt / 2, b"", now)
+        elif action == "expire":
+            v.expire(now)
+        elif action == "remove":
+            v.remove(peer)
+        elif action == "ask-earlier":
+            assert v.capacity(now - dt) == scan(now - dt)
+        assert v.capacity(now) == scan(now)

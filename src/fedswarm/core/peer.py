@@ -49,7 +49,6 @@ changes state, and an illegal move is a ``LocalProtocolError`` (a bug).
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 from dataclasses import dataclass, field
@@ -481,20 +480,13 @@ class PeerCore(Node):
 
     def _context(self, now: float) -> "_PrioContext":
         """What every priority computed at ``now`` shares (computed once)."""
-        live = self.view.live(now)
-        slots = 0.0
-        known = busy = 0  # slots whose occupancy the view reports, and how many of them are busy
-        for e in live:
-            st = e.state
-            slots += st.slots
-            if st.free_s and len(st.free_s) == min(st.slots, 64):
-                known += len(st.free_s)
-                busy += len(st.free_s) - bisect.bisect_right(st.free_s, 0.0)
+        # slots, slots whose occupancy the view reports, and how many of them are busy
+        slots, known, busy = self.view.capacity(now)
         shares = self.ledger.shares(now)
         tenants = {k[0] for k in self.leases}
         tenants.update(t for t, v in shares.items() if v > 0.01)
         util = busy / known if known else 0.0
-        return _PrioContext(now, shares, slots or float(self.config.slots), max(len(tenants), 1), util)
+        return _PrioContext(now, shares, float(slots) or float(self.config.slots), max(len(tenants), 1), util)
 
     def _time_weight(self, job: JobSpec, ctx: "_PrioContext") -> float:
         """Price of a second of this shard's run time against ``lam`` joules.

@@ -23,6 +23,7 @@ every entry is eventually refreshed). Bytes per peer per second are
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from collections import OrderedDict
@@ -41,10 +42,19 @@ class ViewEntry:
     raw: bytes  # the signed envelope, relayed as is
     learnt_at: float
     trusted: bool = False  # admitted by a federation we trust (core.membership)
+    counted: bool = False  # its capacity is in View._cap (live when last asked)
 
     @property
     def expires_at(self) -> float:
         return self.issued_at + self.state.ttl_s
+
+
+def _capacity_of(st: PeerState) -> tuple[int, int, int]:
+    """A state's slots, the slots whose occupancy it reports, the busy ones."""
+    if st.free_s and len(st.free_s) == min(st.slots, 64):
+        n = len(st.free_s)
+        return st.slots, n, n - bisect.bisect_right(st.free_s, 0.0)
+    return st.slots, 0, 0
 
 
 class View:
@@ -66,6 +76,13 @@ class View:
         self.graveyard: OrderedDict[str, float] = OrderedDict()  # oldest first
         #: (expires_at, peer) of every entry merged; stale items are skipped
         self._expiry: list[tuple[float, str]] = []
+        #: (slots, slots with known occupancy, busy ones) summed over the
+        #: counted entries: those not leaving and not yet seen expired by
+        #: ``capacity``, kept up to date on every change (see ``capacity``)
+        self._cap = [0, 0, 0]
+        self._cap_heap: list[tuple[float, int, ViewEntry]] = []
+        self._cap_seq = 0
+        self._cap_now = float("-inf")
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -89,7 +106,11 @@ class View:
             if len(self._entries) >= self.max_size and not self._evict(now):
                 return False
             self._sorted_cache = None
-        self._entries[peer] = ViewEntry(peer, state, issued_at, raw, now, trusted)
+        else:
+            self._uncount(old)
+        e = self._entries[peer] = ViewEntry(peer, state, issued_at, raw, now, trusted)
+        if not state.leaving:
+            self._count(e)
         heapq.heappush(self._expiry, (issued_at + state.ttl_s, peer))
         self._version += 1
         self.graveyard.pop(peer, None)
@@ -118,7 +139,7 @@ class View:
         if victim is None:
             return False
         heapq.heappop(heap)
-        del self._entries[victim]
+        self._uncount(self._entries.pop(victim))
         self._sorted_cache = None
         self._version += 1
         return True
@@ -132,12 +153,13 @@ class View:
             e = self._entries.get(p)
             if e is not None and p != self.self_id and e.expires_at <= now:
                 found.add(p)
+        self._uncount_expired(now)  # also bounds _cap_heap where capacity is never asked
         dead = sorted(found)
         for p in dead:
             if not self._entries[p].state.leaving:
                 self.graveyard.pop(p, None)
                 self.graveyard[p] = now
-            del self._entries[p]
+            self._uncount(self._entries.pop(p))
         if dead:
             self._sorted_cache = None
             self._version += 1
@@ -153,7 +175,9 @@ class View:
 
     def remove(self, peer: str) -> None:
         self.graveyard.pop(peer, None)
-        if self._entries.pop(peer, None) is not None:
+        old = self._entries.pop(peer, None)
+        if old is not None:
+            self._uncount(old)
             self._sorted_cache = None
             self._version += 1
 
@@ -177,6 +201,48 @@ class View:
                     out.append(e)
             self._live_key, self._live_val = key, out
         return self._live_val
+
+    def _count(self, e: ViewEntry) -> None:
+        cap = self._cap
+        for i, v in enumerate(_capacity_of(e.state)):
+            cap[i] += v
+        e.counted = True
+        self._cap_seq += 1
+        heapq.heappush(self._cap_heap, (e.expires_at, self._cap_seq, e))
+
+    def _uncount(self, e: ViewEntry) -> None:
+        if e.counted:
+            cap = self._cap
+            for i, v in enumerate(_capacity_of(e.state)):
+                cap[i] -= v
+            e.counted = False
+
+    def capacity(self, now: float) -> tuple[int, int, int]:
+        """``(slots, known, busy)`` summed over ``live(now)``: every live
+        peer's slots, the slots whose occupancy its state reports
+        (``free_s``), and how many of those are busy.
+
+        Kept as running sums: an entry is counted when merged (unless it is
+        a tombstone) and uncounted when replaced or dropped, or here, once
+        ``now`` has passed its expiry. So a call costs O(expired since the
+        last one). Asked about an earlier time than before, it scans
+        ``live(now)`` instead.
+        """
+        if now < self._cap_now:
+            slots = known = busy = 0
+            for e in self.live(now):
+                s, k, b = _capacity_of(e.state)
+                slots, known, busy = slots + s, known + k, busy + b
+            return slots, known, busy
+        self._uncount_expired(now)
+        cap = self._cap
+        return cap[0], cap[1], cap[2]
+
+    def _uncount_expired(self, now: float) -> None:
+        self._cap_now = max(self._cap_now, now)
+        heap = self._cap_heap
+        while heap and heap[0][0] <= now:
+            self._uncount(heapq.heappop(heap)[2])
 
     def sample_for_gossip(self, k: int, rng: random.Random, now: float, exclude: str) -> list[ViewEntry]:
         """Up to ``k`` unexpired entries: half the most recently learnt
