@@ -172,7 +172,11 @@ def resolve_model(
                 raise InputError(f"{p}: not a GGUF file or a checkpoint directory")
             return p
         if p.is_dir():
-            raise InputError(f"{p}: directory has no config.json", "give a Hugging Face checkpoint directory")
+            hit = _lookup(p.parent, p.name)  # a pulled-model directory: its one .gguf file
+            if hit is not None:
+                return hit
+            raise InputError(f"{p}: directory has no config.json and not exactly one .gguf file",
+                             "give a Hugging Face checkpoint directory or a .gguf file")
         if _looks_like_path(ref):
             raise InputError(f"no model file or directory at {p}")
         # a Path holding a plain name: resolve it as a name

@@ -188,11 +188,15 @@ def _fp(p: Path) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
+def _file_key(p: Path, fp: tuple[int, int, int]) -> str:
+    return f"{p.stat().st_dev}:{fp[2]}"
+
+
 def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:
     """Open and validate ``path`` (memoised by (size, mtime, inode))."""
     p = Path(path).resolve()
     fp = _fp(p)
-    key = str(p)
+    key = _file_key(p, fp)  # hard links and renames of one file share an entry
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None and hit.fingerprint == fp:
@@ -405,7 +409,7 @@ def model_hash(path: str | os.PathLike[str]) -> str:
     type, shape and raw bytes (sorted by HF name); no dequantization."""
     p = Path(path).resolve()
     fp = _fp(p)
-    key = str(p)
+    key = _file_key(p, fp)
     with _hash_lock:
         hit = _hash_cache.get(key)
         if hit is not None and hit[0] == fp:
