@@ -81,7 +81,21 @@ def main(argv: list[str] | None = None) -> int:
                        policies="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow "
                                 "(networked), or centralized-instant, ... (their messages instant)")
     _add_faults_parser(sub)
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = ap.parse_args(argv)
+    from fedswarm.cli import check_writable, report_failure
+
+    try:
+        if args.out:  # checked before minutes of simulation, not after
+            check_writable(args.out)
+        return _dispatch(args)
+    except BaseException as exc:  # one line and an exit code (2 input, 1 failure, 130 Ctrl-C)
+        if isinstance(exc, SystemExit):
+            raise
+        return report_failure(f"netsim {args.cmd}", exc, debug=args.debug)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "compare":
         return compare_main(args)
     if args.cmd == "faults":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -27,21 +28,25 @@ from .core.events import RunShard, SetLevel, ShardFinished
 from .core.identity import Identity, load_or_create_key
 from .core.peer import PeerCore
 from .core.wire import unpack_params
+from .errors import FederationError, InputError
 from .profiles import load_profile
 from .runtime.agent import Agent
 
-__all__ = ["PeerOptions", "serve_peer", "ExecutorRunner", "JsonLogFormatter"]
+__all__ = ["PeerOptions", "serve_peer", "ExecutorRunner", "JsonLogFormatter", "DataDirLock", "BootstrapDialer",
+           "default_data_dir"]
 
 log = logging.getLogger("fedswarm.daemon")
 
 
 @dataclass
 class PeerOptions:
-    profile: str
+    #: profile TOML; None: read this machine and write DATA_DIR/profile.toml
+    profile: str | None = None
     listen: str = "/ip4/127.0.0.1/tcp/0"
     bootstrap: list[str] = field(default_factory=list)
     key: str | None = None
-    data_dir: str = ".fedswarm"
+    #: None: $FEDSWARM_HOME, else the platform's per-user data directory
+    data_dir: str | None = None
     metrics_port: int | None = None
     grace_s: float = 10.0
     serve_model: str | None = None
@@ -49,6 +54,200 @@ class PeerOptions:
     torch_threads: int | None = None
     membership: str | None = None
     federations: list[str] = field(default_factory=list)
+    #: addresses to advertise instead of the listen addresses
+    announce: list[str] = field(default_factory=list)
+    #: host of the dashboard / status / metrics server (port: metrics_port)
+    http_host: str = "127.0.0.1"
+    #: run a profile that claims accelerators this machine lacks (warning only)
+    simulate_devices: bool = False
+
+
+def default_data_dir() -> Path:
+    """``$FEDSWARM_HOME``, else the platform's user data dir for fedswarm."""
+    env = os.environ.get("FEDSWARM_HOME")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("fedswarm"))
+
+
+class DataDirLock:
+    """An exclusive ``flock`` on ``DATA_DIR/daemon.lock``, which holds the pid.
+
+    One daemon per data dir (the dir holds its key, so its peer id): a second
+    one is refused with the pid of the first. The lock goes with the process,
+    so a killed daemon never leaves a stale lock behind.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / "daemon.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> "DataDirLock":
+        import fcntl
+
+        d = self.path.parent
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise InputError(f"cannot use data dir {d}: {exc.strerror}",
+                             "choose a writable --data-dir or set $FEDSWARM_HOME") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            finally:
+                os.close(fd)
+            raise InputError(f"data dir {d} is in use by another daemon (pid {holder})",
+                             "stop that one, or give this one its own --data-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            except OSError:
+                pass
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> "DataDirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def check_serve_model(ref: str) -> None:
+    """Refuse a ``--serve-model`` path that holds no checkpoint (names of
+    shipped or stored models are resolved later, by the model store)."""
+    p = Path(ref).expanduser()
+    looks_like_path = p.exists() or "/" in ref or ref.startswith(".") or ref.endswith(".gguf")
+    if not looks_like_path:
+        return
+    if p.is_dir():
+        if (p / "config.json").is_file() or any(p.glob("*.gguf")):
+            return
+        raise InputError(f"{p} holds no checkpoint (no config.json and no .gguf file)",
+                         "point --serve-model at a Hugging Face-format model directory, a .gguf file "
+                         "or a model name")
+    if p.is_file():
+        return
+    raise InputError(f"no such model directory or file {ref}", "check the path, or use a model name")
+
+
+def check_blocks(text: str | None) -> None:
+    if text is None:
+        return
+    a, sep, b = text.partition(":")
+    try:
+        if a == "auto":
+            if sep and int(b) < 1:
+                raise ValueError
+            return
+        lo, hi = int(a), int(b)
+        if not 0 <= lo < hi:
+            raise ValueError
+    except ValueError:
+        raise InputError(f"--blocks {text!r} is not a block span",
+                         "use A:B with 0 <= A < B for blocks A..B-1, auto, or auto:N") from None
+
+
+def resolve_profile(opts: PeerOptions, data_dir: Path) -> tuple[Any, str]:
+    """The profile to run and a line saying where it came from."""
+    from .hardware import check_devices, detect, profile_toml
+
+    if opts.profile:
+        profile = load_profile(opts.profile)
+        where = f"profile {profile.name} from {opts.profile}"
+    else:
+        path = data_dir / "profile.toml"
+        if path.is_file():
+            profile = load_profile(path)
+            where = f"profile {profile.name} from {path} (detected earlier; edit it, or pass --profile)"
+        else:
+            text = profile_toml(detect())
+            tmp = path.with_suffix(".toml.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+            profile = load_profile(path)
+            devs = ", ".join(f"{d.count}x {d.kind} {d.name}" for d in profile.devices)
+            where = f"no --profile: detected {devs}; wrote {path} (edit it to correct throughput and power)"
+    for w in check_devices(profile, simulate=opts.simulate_devices):
+        log.warning(w)
+        print(f"peer start: warning: {w}", file=sys.stderr, flush=True)
+    return profile, where
+
+
+class BootstrapDialer:
+    """Dials the bootstrap peers until each one answers.
+
+    ``status`` is a list of ``{addr, peer, state, attempts, last_error,
+    retry_in_s}`` (state: ``connecting``, ``retrying`` or ``connected``); the
+    daemon publishes it as ``agent.bootstrap_status`` for ``/status``. An
+    unreachable peer is retried with exponential backoff (1 s doubling to
+    ``max_delay_s``) forever, a warning logged each time; once it connects it
+    becomes one of the core's bootstrap peers, so the next gossip round (or
+    probe) joins through it.
+    """
+
+    def __init__(self, transport: Any, addrs: list[str], *, max_delay_s: float = 30.0,
+                 timeout_s: float = 10.0) -> None:
+        from .net.addrs import parse_bootstrap
+
+        self.transport = transport
+        self.max_delay_s = max_delay_s
+        self.timeout_s = timeout_s
+        self.status: list[dict[str, Any]] = []
+        for a in addrs:
+            addr, pid = parse_bootstrap(a)
+            self.status.append({"addr": addr, "peer": pid, "state": "connecting", "attempts": 0,
+                                "last_error": None, "retry_in_s": None})
+        self.on_connected: Callable[[str], None] = lambda _pid: None
+
+    def connected_ids(self) -> list[str]:
+        return list(dict.fromkeys(e["peer"] for e in self.status if e["state"] == "connected"))
+
+    async def try_once(self, e: dict[str, Any]) -> bool:
+        e["attempts"] += 1
+        e["state"] = "connecting"
+        try:
+            with trio.fail_after(self.timeout_s):
+                await self.transport.connect(e["addr"])
+        except (FederationError, trio.TooSlowError, OSError) as exc:
+            e["state"] = "retrying"
+            e["last_error"] = str(exc) or type(exc).__name__
+            return False
+        e["state"], e["last_error"], e["retry_in_s"] = "connected", None, None
+        log.info("bootstrap connected", extra={"fields": {"addr": e["addr"], "attempts": e["attempts"]}})
+        self.on_connected(e["peer"])
+        return True
+
+    async def first_round(self) -> None:
+        async with trio.open_nursery() as n:
+            for e in self.status:
+                n.start_soon(self.try_once, e)
+
+    async def keep_dialing(self, e: dict[str, Any]) -> None:
+        delay = 1.0
+        while e["state"] != "connected":
+            e["retry_in_s"] = delay
+            log.warning("bootstrap unreachable; retrying", extra={"fields": {
+                "addr": e["addr"], "attempts": e["attempts"], "retry_in_s": delay, "error": e["last_error"]}})
+            await trio.sleep(delay)
+            delay = min(delay * 2, self.max_delay_s)
+            await self.try_once(e)
+
+    def start_retries(self, nursery: trio.Nursery) -> None:
+        for e in self.status:
+            if e["state"] != "connected":
+                nursery.start_soon(self.keep_dialing, e)
 
 
 class ExecutorRunner:
@@ -123,43 +322,89 @@ def _event(msg: str, **fields: Any) -> None:
 
 
 async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> int:
+    """Run a peer until SIGINT/SIGTERM; 0 after a graceful leave on SIGTERM,
+    130 on SIGINT. Everything checkable is checked before the network or
+    torch start (``InputError``)."""
+    from .net.addrs import check_tcp_free, parse_announce, parse_bootstrap, parse_listen_maddr
+
+    if opts.grace_s < 0 or opts.grace_s != opts.grace_s:
+        raise InputError(f"--grace {opts.grace_s} is negative", "give the seconds to finish shards on SIGTERM, >= 0")
+    listen_host, listen_port = parse_listen_maddr(opts.listen)
+    for b in opts.bootstrap:
+        parse_bootstrap(b)
+    for a in opts.announce:
+        parse_announce(a)
+    if opts.metrics_port is not None:
+        from .http import check_port
+
+        check_port(opts.metrics_port, "--metrics-port")
+    if opts.serve_model:
+        check_serve_model(opts.serve_model)
+    check_blocks(opts.blocks)
+    membership = b""
+    if opts.membership:
+        try:
+            membership = Path(opts.membership).read_bytes()
+        except OSError as exc:
+            raise InputError(f"cannot read --membership {opts.membership}: {exc.strerror}") from None
+    data_dir = Path(opts.data_dir).expanduser() if opts.data_dir else default_data_dir()
+    with DataDirLock(data_dir):
+        identity: Identity = load_or_create_key(opts.key or data_dir / "peer.key")
+        check_tcp_free(listen_host, listen_port, "listen port")
+        if opts.metrics_port:
+            check_tcp_free(opts.http_host, opts.metrics_port, "--metrics-port")
+        profile, where = resolve_profile(opts, data_dir)
+        _event("data dir", path=str(data_dir), profile=where)
+        print(f"fedswarm data dir {data_dir}; {where}", file=sys.stderr, flush=True)
+        return await _serve(opts, identity, profile, membership, task_status)
+
+
+async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership: bytes, task_status: Any) -> int:
+    from dataclasses import replace
+
     from .net.libp2p import open_libp2p_transport
     from .runtime.executor import ShardExecutor
 
+    quiet_libraries()
     if opts.torch_threads:
         import torch
 
         torch.set_num_threads(opts.torch_threads)
-    data_dir = Path(opts.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    identity: Identity = load_or_create_key(opts.key or data_dir / "peer.key")
-    profile = load_profile(opts.profile)
     t0 = time.monotonic()
-    async with open_libp2p_transport(identity, opts.listen, bootstrap=tuple(opts.bootstrap)) as transport:
-        boot_ids = []
-        for addr in opts.bootstrap:
-            try:
-                with trio.fail_after(10):
-                    boot_ids.append(await transport.connect(addr))
-            except Exception as exc:  # an unreachable bootstrap is logged, not fatal
-                _event("bootstrap unreachable", addr=addr, error=repr(exc))
+    left_on = "SIGTERM"
+    async with open_libp2p_transport(identity, opts.listen) as transport:
+        if opts.announce:
+            transport.set_announce(opts.announce)
+        dialer = BootstrapDialer(transport, opts.bootstrap)
+        await dialer.first_round()
+        boot_ids = [b for b in dialer.connected_ids() if b != identity.peer_id]
         config = profile.peer_config(
             addrs=tuple(transport.listen_addrs()),
             bootstrap=tuple(boot_ids),
-            membership=Path(opts.membership).read_bytes() if opts.membership else b"",
+            membership=membership,
             federations=frozenset(opts.federations),
         )
         core = PeerCore(identity, config, random.Random())
+
+        def joined(pid: str) -> None:
+            # a late bootstrap peer: the next gossip round (empty view) or
+            # probe goes to it
+            if pid != identity.peer_id and pid not in core.config.bootstrap:
+                core.config = replace(core.config, bootstrap=core.config.bootstrap + (pid,))
+
+        dialer.on_connected = joined
         # no constant power model: without NVML the runner charges the
         # profile's power curve at each shard's clock level
         executor = ShardExecutor(slots=config.slots)
         agent = Agent(core, transport, runner=ExecutorRunner(executor, core))
+        agent.bootstrap_state = dialer.status  # type: ignore[attr-defined]  # /status "bootstrap"
         serving = None
         # signals are caught before readiness is announced: a SIGTERM right
         # after the "listening" line must still mean a graceful leave
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)
+                dialer.start_retries(nursery)
                 if opts.serve_model:
                     from .llm_serving import start_block_server
 
@@ -169,11 +414,13 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
                             while len(core.view) < 2:
                                 await agent._changed()
                             await trio.sleep(config.gossip_interval_s)
-                    serving = await start_block_server(transport, core, opts.serve_model, opts.blocks)
+                    serving = await start_block_server(transport, core, opts.serve_model, opts.blocks,
+                                                       return_server=True)
                 if opts.metrics_port is not None:
-                    port = await nursery.start(_serve_metrics, opts.metrics_port, agent)
-                    print(f"fedswarm metrics on http://127.0.0.1:{port}/metrics", flush=True)
-                    _event("metrics listening", url=f"http://127.0.0.1:{port}/metrics")
+                    port = await nursery.start(_serve_metrics, opts.metrics_port, agent, opts.http_host, serving)
+                    url = f"http://{_url_host(opts.http_host)}:{port}"
+                    print(f"fedswarm metrics on {url}/metrics", flush=True)
+                    _event("metrics listening", url=f"{url}/metrics")
                 for addr in transport.listen_addrs():
                     print(f"fedswarm peer listening on {addr}", flush=True)
                 _event(
@@ -182,12 +429,14 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
                     profile=profile.name,
                     addrs=transport.listen_addrs(),
                     bootstrap=len(boot_ids),
+                    bootstrap_pending=len(opts.bootstrap) - len(dialer.connected_ids()),
                     startup_s=round(time.monotonic() - t0, 3),
-                    serving=serving,
+                    serving=serving is not None,
                 )
                 task_status.started(transport.listen_addrs())
                 async for signum in signals:
-                    _event("leaving", signal=signal.Signals(signum).name, leases=len(core.leases))
+                    left_on = signal.Signals(signum).name
+                    _event("leaving", signal=left_on, leases=len(core.leases))
                     break
                 await agent.leave(grace_s=opts.grace_s)
                 _event(
@@ -197,13 +446,20 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
                     results_pending=len(core.outbox),
                 )
                 nursery.cancel_scope.cancel()
-    return 0
+    return 130 if left_on == "SIGINT" else 0
 
 
-async def _serve_metrics(port: int, agent: Agent, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+async def _serve_metrics(port: int, agent: Agent, host: str = "127.0.0.1", llm: Any = None, *,
+                         task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     from .metrics import serve_http
 
-    await serve_http(port, agent, task_status=task_status)
+    await serve_http(port, agent, host=host, llm=llm, task_status=task_status)
 
 
 def setup_logging(fmt: str = "json", level: str = "info") -> None:
@@ -212,7 +468,7 @@ def setup_logging(fmt: str = "json", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    quiet_libraries()
+    # quiet_libraries() (it imports py-libp2p, ~1.5 s) runs once the checks passed
 
 
 def quiet_libraries() -> None:

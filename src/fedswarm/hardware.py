@@ -172,11 +172,13 @@ def check_devices(profile: Any, *, simulate: bool = False, counts: dict[str, int
 
     Returns warnings (with ``simulate``); raises ``InputError`` otherwise.
     """
-    counts = available_counts() if counts is None else counts
     want: dict[str, int] = {}
     for d in profile.devices:
         if d.kind != "cpu":
             want[d.kind] = want.get(d.kind, 0) + d.count
+    if not want:
+        return []
+    counts = available_counts() if counts is None else counts
     problems = []
     for kind, n in sorted(want.items()):
         have = counts.get(kind, 0)

@@ -26,6 +26,16 @@ Stack choices
   ``len(connections) >= max_connections_per_peer``, default 3). We set
   ``max_connections_per_peer=1`` which makes a successful dial return at once
   (connect: ~250 ms -> a few ms on loopback).
+* **No SO_REUSEPORT**: py-libp2p 0.8.1 sets it on its listening (and
+  hole-punch dialling) sockets, which lets a second daemon bind a port the
+  first one listens on and take part of its connections. fedswarm does no
+  hole punching, so ``_set_reuse_flags`` is replaced by one that sets
+  SO_REUSEADDR only, and the listen port is checked free before the host
+  starts (``addrs.check_tcp_free``): a port in use is an ``InputError``.
+* **Advertised addresses**: ``listen_addrs()`` never shows a wildcard: a
+  host listening on 0.0.0.0 (or ::) lists this machine's interface
+  addresses; ``set_announce(addrs)`` replaces them with the operator's
+  ``--announce`` addresses.
 
 Framing (``/fedswarm/msg/1.0.0`` and every request/response protocol)
 ------------------------------------------------------------------------
@@ -95,12 +105,14 @@ from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 from libp2p.security.noise.transport import PROTOCOL_ID as _NOISE_ID
 from libp2p.security.noise.transport import Transport as _NoiseTransport
 import libp2p.stream_muxer.yamux.yamux as _yamux_mod
+import libp2p.transport.tcp.tcp as _tcp_mod
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as _YAMUX_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
 from ..core.identity import Identity
 from ..errors import LocalProtocolError, PeerUnreachable, TransportTimeout
+from .addrs import check_tcp_free, interface_addrs, parse_listen_maddr
 from ..runtime.ports import Incoming, RequestHandler
 
 __all__ = [
@@ -117,6 +129,20 @@ MSG_PROTOCOL = "/fedswarm/msg/1.0.0"
 _HDR = struct.Struct(">I")
 _READ_CHUNK = 1 << 20
 _ADDR_TTL = 24 * 3600
+
+
+def _set_reuseaddr_only(sock) -> None:  # noqa: ANN001 - trio socket
+    """SO_REUSEADDR (restart on a port in TIME_WAIT), never SO_REUSEPORT."""
+    import socket as _socket
+
+    try:
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    except OSError:
+        pass
+
+
+# see "No SO_REUSEPORT" above; the library looks the helper up at call time
+_tcp_mod._set_reuse_flags = _set_reuseaddr_only
 
 
 @dataclass(frozen=True)
@@ -432,14 +458,25 @@ class Libp2pTransport:
     def host(self):  # noqa: ANN201 - escape hatch for diagnostics/tests
         return self._host
 
+    def set_announce(self, addrs: Sequence[str]) -> None:
+        """Advertise ``addrs`` (``--announce``) instead of the listen addresses."""
+        self._announce = [a if "/p2p/" in a else f"{a}/p2p/{self.peer_id}" for a in addrs]
+
     def listen_addrs(self) -> list[str]:
+        """Addresses to dial this peer at (with ``/p2p/``; never a wildcard)."""
+        if getattr(self, "_announce", None):
+            return list(self._announce)
         out = []
         for a in self._host.get_addrs():
-            s = str(a)
-            if "/p2p/" not in s:
-                s = f"{s}/p2p/{self.peer_id}"
-            out.append(s)
-        return out
+            s = _strip_p2p(str(a))
+            parts = s.split("/")  # "", "ip4", HOST, "tcp", PORT
+            if len(parts) > 2 and parts[1] in ("ip4", "ip6") and parts[2] in ("0.0.0.0", "::"):
+                ver = 4 if parts[1] == "ip4" else 6
+                for ip in interface_addrs(ver):
+                    out.append("/".join(["", parts[1], ip, *parts[3:]]) + f"/p2p/{self.peer_id}")
+                continue
+            out.append(f"{s}/p2p/{self.peer_id}")
+        return list(dict.fromkeys(out))
 
     def add_peer_addrs(self, peer_id: str, addrs: Sequence[str]) -> None:
         pid = _to_id(peer_id)
@@ -798,10 +835,9 @@ async def open_libp2p_transport(
         strict_signing=True,
         max_inbound_rpc_size=config.max_frame + 64 * 1024,
     )
-    try:
-        maddr = multiaddr.Multiaddr(listen_multiaddr)
-    except Exception as exc:
-        raise LocalProtocolError("bad-multiaddr", f"{listen_multiaddr}: {exc}") from None
+    host_ip, port = parse_listen_maddr(listen_multiaddr)  # InputError for a bad one
+    check_tcp_free(host_ip, port, "listen port")
+    maddr = multiaddr.Multiaddr(listen_multiaddr)
     dht = (KadDHT(host, DHTMode.SERVER, enable_random_walk=False,
                   protocol_prefix=TProtocol("/fedswarm")) if config.dht else None)
     async with host.run([maddr]), AsyncExitStack() as services:
