@@ -384,9 +384,19 @@ def status_json(agent: Agent, *, llm: Any = None, telemetry: Telemetry | None = 
 
 # ----------------------------------------------------------------- app
 
-def make_app(agent: Agent, *, llm: Any = None, event_interval_s: float = 1.0) -> Any:
-    """The Starlette app (also usable on its own, e.g. under a test client)."""
+#: Host headers a loopback-bound server answers: a web page elsewhere that
+#: rebinds its DNS name to 127.0.0.1 must not read the dashboard
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def make_app(agent: Agent, *, llm: Any = None, event_interval_s: float = 1.0, host: str = "127.0.0.1") -> Any:
+    """The Starlette app (also usable on its own, e.g. under a test client).
+
+    Bound to a loopback address (the default), it answers only requests whose
+    ``Host`` is a loopback name (others get 400); bound elsewhere (``--http-listen``), any."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
@@ -431,7 +441,11 @@ def make_app(agent: Agent, *, llm: Any = None, event_interval_s: float = 1.0) ->
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={**headers, "X-Accel-Buffering": "no"})
 
-    app = Starlette(routes=[
+    middleware = []
+    if host in LOOPBACK_NAMES or host.startswith("127."):
+        names = [*LOOPBACK_NAMES, "[::1]", host]
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=sorted(set(names))))
+    app = Starlette(middleware=middleware, routes=[
         Route("/", index),
         Route("/status", status),
         Route("/metrics", metrics),
@@ -459,7 +473,7 @@ async def serve_http(port: int, agent: Agent, *, host: str = "127.0.0.1", llm: A
     if llm is not None and not hasattr(llm, "sessions"):
         llm = None  # a description dict, not a BlockServer: spans come from the core
     sock = bind_tcp(host, port)
-    app = make_app(agent, llm=llm)
+    app = make_app(agent, llm=llm, host=host)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_sampler, app.state.telemetry)
         _, bound = await nursery.start(serve_asgi, app, sock)

@@ -58,6 +58,10 @@ def test_status_healthz_404_metrics_and_events() -> None:
                     assert (await http.get(bad)).status_code == 404, bad
                 r = await http.post("/status")
                 assert r.status_code == 405  # read-only
+                # bound to loopback: a page elsewhere that rebinds its DNS name to 127.0.0.1 reads nothing
+                r = await http.get("/status", headers={"Host": f"evil.example:{port}"})
+                assert r.status_code == 400
+                assert (await http.get("/healthz", headers={"Host": f"localhost:{port}"})).status_code == 200
                 st = (await http.get("/status")).json()
                 for key in ("peer", "addrs", "peers", "leases", "tenant_shares", "stats", "rejected", "spans",
                             "span_changes", "sessions", "bootstrap", "models", "history", "energy_j_by_tenant"):
