@@ -47,6 +47,8 @@ class Ledger:
         self.max_rows = max_rows
         self._entries: dict[tuple[str, str], float] = {}
         self._version = 0
+        self._sorted_items: list[tuple[tuple[str, str], float]] = []
+        self._sorted_version = 0
         self._shares_key: tuple[float, int] | None = None
         self._shares_val: dict[str, float] = {}
 
@@ -97,7 +99,10 @@ class Ledger:
         """Decayed GPU-seconds per tenant at ``now`` (sorted iteration order)."""
         out: dict[str, float] = {}
         shift = now / self.tau_s
-        for (tenant, _peer), val in sorted(self._entries.items()):
+        if self._sorted_version != self._version:  # sorted once per change, not per question
+            self._sorted_items = sorted(self._entries.items())
+            self._sorted_version = self._version
+        for (tenant, _peer), val in self._sorted_items:
             x = val - shift
             if x > -700:
                 out[tenant] = out.get(tenant, 0.0) + math.exp(x)
