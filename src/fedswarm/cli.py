@@ -202,6 +202,15 @@ def _add_start(sub: argparse._SubParsersAction) -> None:
                    "detected from this machine on first start")
     p.add_argument("--simulate-devices", action="store_true",
                    help="run a profile that claims accelerators this machine lacks (a warning, not an error)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="where won shards run: local (this process, default) or ray (an existing Ray cluster, "
+                        "whose free capacity the peer offers; needs pip install 'fedswarm[ray]', see docs/ray.md)")
+    p.add_argument("--ray-address", default="auto", metavar="HOST:PORT",
+                   help="--engine ray: the cluster head's GCS address (default: auto, the local cluster or "
+                        "$RAY_ADDRESS)")
+    p.add_argument("--ray-reserve", metavar="N|RES=N,...",
+                   help="--engine ray: capacity kept from the swarm, N slots (GPUs, or CPUs on a CPU-only "
+                        "cluster) or Ray resources e.g. CPU=4,GPU=1,memory=16G (default: none)")
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", type=_wrap_input(_listen_addr),
                    help="multiaddr to listen on (tcp port 0: any free port)")
     p.add_argument("--announce", action="append", default=[], type=_wrap_input(_announce_addr), metavar="MADDR",
@@ -267,6 +276,9 @@ def _cmd_start(a: argparse.Namespace) -> int:
         announce=a.announce,
         http_host=host,
         simulate_devices=a.simulate_devices,
+        engine=a.engine,
+        ray_address=a.ray_address,
+        ray_reserve=a.ray_reserve,
     )
     return trio.run(serve_peer, opts)
 
@@ -798,7 +810,10 @@ def _describe(exc: BaseException) -> tuple[int, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
-    a = ap.parse_args(argv)
+    a, extra = ap.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser: "peer start: error: ..."
+        sub = next(x for x in ap._actions if isinstance(x, argparse._SubParsersAction))
+        sub.choices[a.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     debug = bool(getattr(a, "debug", False)) or os.environ.get("FEDSWARM_DEBUG") == "1"
     prog = f"peer {a.cmd}"
     try:
