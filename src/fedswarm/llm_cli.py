@@ -335,8 +335,8 @@ def open_llm(a: argparse.Namespace, model: ClientModel) -> Any:
 # ----------------------------------------------------------------- peer generate
 
 def _cmd_generate(a: argparse.Namespace) -> int:
+    params = sampling_from_args(a)  # a bad option fails before torch and libp2p load
     _set_threads(a)
-    params = sampling_from_args(a)
     model = load_client_model(a.model)
     if a.prompt is not None:
         if a.chat:
@@ -410,8 +410,8 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------- peer chat
 
 def _cmd_chat(a: argparse.Namespace) -> int:
-    _set_threads(a)
     params = sampling_from_args(a)
+    _set_threads(a)
     model = load_client_model(a.model)
     ctx = context_limit(model, a.context)
     if ctx < 2:

@@ -27,11 +27,12 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SamplingParams", "Sampler", "StopMatcher", "MAX_STOP_STRINGS", "MAX_STOP_LENGTH"]
 
@@ -132,11 +133,15 @@ class Sampler:
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
+        import torch  # here, not at import: a bad option is reported before torch loads
+
         self.seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
         # torch generators take a 64-bit unsigned seed; map negatives into it
         self._gen = torch.Generator().manual_seed(self.seed % 2**64)
 
-    def penalize(self, logits: torch.Tensor, history: Iterable[int]) -> torch.Tensor:
+    def penalize(self, logits: "torch.Tensor", history: Iterable[int]) -> "torch.Tensor":
+        import torch
+
         r = self.params.repetition_penalty
         if r == 1.0:
             return logits
@@ -148,9 +153,11 @@ class Sampler:
         out[ids] = torch.where(sel > 0, sel / r, sel * r)
         return out
 
-    def distribution(self, logits: torch.Tensor, history: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    def distribution(self, logits: "torch.Tensor", history: Sequence[int] = ()) -> tuple["torch.Tensor", "torch.Tensor"]:
         """The (token ids, probabilities) the next token is drawn from, most
         likely first (ties by id). Greedy gives one token with probability 1."""
+        import torch
+
         p = self.params
         x = self.penalize(logits.float().reshape(-1), history)
         if p.is_greedy:
@@ -169,9 +176,11 @@ class Sampler:
             probs = torch.softmax(vals, dim=0)
         return idx, probs
 
-    def pick(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
+    def pick(self, logits: "torch.Tensor", history: Sequence[int] = ()) -> int:
         """The next token for fp32 ``logits`` (shape ``(vocab,)``); ``history``
         is the prompt plus the tokens generated so far (for the penalty)."""
+        import torch
+
         idx, probs = self.distribution(logits, history)
         if len(idx) == 1:
             return int(idx[0])
