@@ -42,7 +42,9 @@ def print_summary(summary: dict, out=None) -> None:
 
 def _add_faults_parser(sub) -> None:
     """``netsim faults [--seeds 1 2] [--out F.json]``: the fault matrix (each fault x batch / LLM jobs)."""
-    f = sub.add_parser("faults", help="run the fault scenarios and print the fault matrix")
+    f = sub.add_parser("faults", help="run the fault scenarios and print the fault matrix",
+                       description="Run the fault-*.toml scenarios and print the fault matrix. "
+                                   "Example: netsim faults --seeds 1 2 --out faults.json")
     f.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds to run each scenario with (default: 1 2)")
     f.add_argument("--out", help="write the matrix and per-run fault counts as JSON")
     f.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios (e.g. fault-hang)")
@@ -56,7 +58,7 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, p
     p.add_argument("scenario", help="scenario TOML file")
     if policies is not None:
         p.add_argument("--policies", default="fedswarm,centralized,fifo,random,sparrow", help=policies)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the run: the same seed gives the same JSON (default: 0)")
     p.add_argument("--out", help=out)
     p.add_argument("--trace", help="CSV trace replacing the scenario's workload")
     p.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
@@ -69,13 +71,18 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, p
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="netsim", description="Simulate a fedswarm swarm in virtual time.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run a scenario")
+    r = sub.add_parser("run", help="run a scenario",
+                       description="Run one scenario in virtual time; the summary goes to stdout, progress to stderr. "
+                                   "Example: netsim run netsim/scenarios/smoke-20.toml --seed 1 --out r.json --plot")
     _add_scenario_args(r, out="results JSON path (default: print nothing but the summary)",
                        profiles="directory of peer profiles (default: nearest peers/ above the scenario)")
     r.add_argument("--plot", nargs="?", const="", metavar="STEM.png",
                    help="write PNG figures (JCT/rho CDFs, energy, shares, messages) as STEM.png and STEM.*.png; "
                         "without a value, next to --out (default: no figures)")
-    c = sub.add_parser("compare", help="run fedswarm and baseline schedulers on the same workload and swarm")
+    c = sub.add_parser("compare", help="run fedswarm and baseline schedulers on the same workload and swarm",
+                       description="Run fedswarm and baseline schedulers on the same workload and swarm; print a table, "
+                                   "write the JSON and PNG figures next to it. Example: netsim compare "
+                                   "netsim/scenarios/smoke-20.toml --seed 1 --out cmp.json")
     _add_scenario_args(c, out="results JSON path; PNG figures go next to it (STEM.png, STEM.cdf.png, ...)",
                        profiles="directory of peer profiles",
                        policies="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow "
