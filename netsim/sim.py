@@ -55,6 +55,22 @@ CLIENT_RESCHED_S = 0.01  # a client's deadline is re-read at most this late afte
 _FREEZE_EVERY = (1 << 20) - 1  # events between gc.freeze() calls (mask)
 
 
+#: which cost a message kind counts under in the results' message split
+MSG_CLASS = {
+    "Gossip": "gossip", "PeerState": "gossip",
+    "LeaseRenew": "leases", "LeaseAck": "leases",
+}  # everything else (calls for bids, bids, awards, declines, cancels, results and their acks): scheduling
+
+
+def _split(kinds: Counter[str], peer_s: float) -> dict[str, float]:
+    """Messages (or bytes) per peer per second, by cost class."""
+    out = {"gossip": 0.0, "leases": 0.0, "scheduling": 0.0}
+    if peer_s > 0:
+        for kind, n in sorted(kinds.items()):
+            out[MSG_CLASS.get(kind, "scheduling")] += n / peer_s
+    return out
+
+
 @contextmanager
 def _young_gc() -> Iterator[None]:
     """Collect only young objects while the loop runs.
@@ -150,6 +166,7 @@ class Simulator:
         self.msgs = 0
         self.bytes = 0
         self.msg_kinds: Counter[str] = Counter()
+        self.bytes_kinds: Counter[str] = Counter()
         self.net_stats: Counter[str] = Counter()
         self.spins = 0
         self.gen = 0
@@ -429,6 +446,7 @@ class Simulator:
         src.msgs += 1
         src.bytes += n
         self.msg_kinds[kind] += 1
+        self.bytes_kinds[kind] += n
         dst = self.nodes.get(dst_id)
         if dst is None or not dst.alive:
             self.net_stats["to_dead"] += 1
@@ -923,6 +941,8 @@ class Simulator:
             "wasted_gpu_s": self.wasted_gpu_s,
             "msgs_per_peer_s": self.msgs / peer_s if peer_s > 0 else 0.0,
             "bytes_per_peer_s": self.bytes / peer_s if peer_s > 0 else 0.0,
+            "msgs_per_peer_s_split": _split(self.msg_kinds, peer_s),
+            "bytes_per_peer_s_split": _split(self.bytes_kinds, peer_s),
             "events": self.events,
         }
         return {

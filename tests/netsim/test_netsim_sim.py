@@ -50,6 +50,12 @@ def test_smoke_deterministic_bytes():
         assert k in res["summary"]
     assert {"job_id", "tenant", "jct_s", "rho"} <= set(res["jobs"][0])
     assert res["jobs"][0]["job_id"].startswith(("alice-", "bob-"))  # the trace's ids
+    # the message cost split by class adds up to the total, and each class was paid
+    for total, split in (("msgs_per_peer_s", "msgs_per_peer_s_split"), ("bytes_per_peer_s", "bytes_per_peer_s_split")):
+        parts = res["summary"][split]
+        assert set(parts) == {"gossip", "leases", "scheduling"}
+        assert all(v > 0 for v in parts.values()), parts
+        assert abs(sum(parts.values()) - res["summary"][total]) <= 1e-4 * res["summary"][total]
 
 
 def test_caches_do_not_change_results():
