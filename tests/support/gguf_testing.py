@@ -82,7 +82,6 @@ def write_tiny_gguf(out_dir: Path) -> tuple[Path, Path]:
     import gguf
 
     from fedswarm.tasks.checkpoint import load_config, load_tensors, resolve_model, save_checkpoint
-    from fedswarm.tasks.llama import random_state_dict
 
     Q8 = gguf.GGMLQuantizationType.Q8_0
     src = resolve_model("tiny-llama-gqa")

@@ -134,5 +134,4 @@ def test_bad_chats_are_input_errors(smollm):
     for bad in ([], "hi", [{"role": "user"}], [{"content": "x"}], [1, 2], [{"role": "user", "content": 5}]):
         with pytest.raises(InputError):
             tok.apply_chat_template(bad)
-    with pytest.raises(InputError):
-        tok.decode([10 ** 6])
+    assert tok.decode([10 ** 6, 19556]) == tok.decode([19556]) == "Hello"  # unknown ids decode to nothing

@@ -258,9 +258,9 @@ class HFTokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
-        ids = [int(i) for i in ids]
-        if any(not 0 <= i < self.vocab_size for i in ids):
-            raise InputError(f"token id out of range [0, {self.vocab_size})")
+        """Decode ids; ids the tokenizer does not have (spare rows of a larger
+        embedding table) decode to nothing, as with ByteTokenizer."""
+        ids = [i for i in (int(x) for x in ids) if 0 <= i < self.vocab_size]
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
@@ -352,7 +352,8 @@ def _alphabet_order(chars: Iterable[str]) -> list[str]:
         else:
             table[b] = chr(256 + n)
             n += 1
-    assert set(table.values()) == set(chars), "tokenizers' byte-level alphabet changed"
+    if set(table.values()) != set(chars):
+        raise RuntimeError("the tokenizers package's byte-level alphabet is not GPT-2's")
     return [table[b] for b in range(256)]
 
 
