@@ -433,7 +433,9 @@ def make_app(agent: Agent, *, llm: Any = None, event_interval_s: float = 1.0, ho
                 key = (core.view._version, len(core.leases), len(core.outbox), core.stats["shards_run"],
                        len(llm.sessions) if llm is not None else 0, len(telemetry.history))
                 t = time.monotonic()
-                if key != last_key or t - last_sent >= event_interval_s:
+                # news goes out at once but at most twice a second (a big
+                # swarm's view changes with nearly every gossip message)
+                if (key != last_key and t - last_sent >= 0.5 * event_interval_s) or t - last_sent >= event_interval_s:
                     last_key, last_sent = key, t
                     yield f"event: status\ndata: {json.dumps(current(), separators=(',', ':'))}\n\n"
                 await trio.sleep(min(0.25, event_interval_s))
