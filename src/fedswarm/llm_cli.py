@@ -337,7 +337,9 @@ def open_llm(a: argparse.Namespace, model: ClientModel) -> Any:
 def _cmd_generate(a: argparse.Namespace) -> int:
     params = sampling_from_args(a)  # a bad option fails before torch and libp2p load
     _set_threads(a)
+    t_load = time.perf_counter()
     model = load_client_model(a.model)
+    load_s = time.perf_counter() - t_load
     if a.prompt is not None:
         if a.chat:
             msgs = ([{"role": "system", "content": a.system}] if a.system else []) + [
@@ -388,6 +390,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
         "seed": res.seed,
         "model": a.model,
         "model_hash": model.hash,
+        "load_s": round(load_s, 4),
         "connect_s": round(connect_s, 4),
         "ttft_s": round(res.ttft_s, 4),
         "tokens_per_s": round(res.decode_tokens_per_s, 2),
@@ -398,7 +401,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(out))
     if not a.quiet:
-        print(f"connect {connect_s:.3f}s, time to first token {res.ttft_s:.3f}s, "
+        print(f"model {load_s:.3f}s, connect {connect_s:.3f}s, time to first token {res.ttft_s:.3f}s, "
               f"{res.decode_tokens_per_s:.1f} tokens/s ({len(res.token_ids)} tokens in {res.total_s:.3f}s, "
               f"{res.finish_reason}, seed {res.seed}) via {_route_text(res.route)}"
               + (f", {len(res.recoveries)} recoveries" if res.recoveries else ""), file=sys.stderr)
