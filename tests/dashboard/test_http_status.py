@@ -97,6 +97,13 @@ def test_status_healthz_404_metrics_and_events() -> None:
                              "fedswarm_llm_hop_latency_seconds_bucket", "fedswarm_llm_token_latency_seconds_bucket",
                              "fedswarm_power_watts ", "fedswarm_clock_level_ratio ", "fedswarm_peers_known 2.0"):
                     assert name in m, name
+                # the real Prometheus parser reads it all; ratios end in _ratio
+                from prometheus_client.parser import text_string_to_metric_families
+
+                fams = {f.name: f for f in text_string_to_metric_families(m)}
+                assert fams["fedswarm_bid_latency_seconds"].type == "histogram"
+                assert fams["fedswarm_energy_joules"].type == "counter"
+                assert all(n.endswith("_ratio") for n in fams if "share" in n or "level" in n or "busy" in n)
                 runs = [float(line.split()[1]) for line in m.splitlines()
                         if line.startswith("fedswarm_shard_run_seconds_count ")]
                 assert runs == [charged / 2.5]
