@@ -202,10 +202,15 @@ def hf_model(path: str) -> Any:
 
 @lru_cache(maxsize=None)
 def hf_greedy(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
-    """transformers' greedy continuation (full forward each step: no early EOS stop)."""
+    """transformers' greedy continuation with its KV cache (argmax each step,
+    no early stop at EOS, so exactly ``n`` tokens)."""
     m = hf_model(path)
-    seq = list(prompt)
+    out_ids: list[int] = []
     with torch.no_grad():
+        out = m(torch.tensor([list(prompt)]), use_cache=True)
         for _ in range(n):
-            seq.append(int(m(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(prompt):]
+            tok = int(out.logits[0, -1].argmax())
+            out_ids.append(tok)
+            if len(out_ids) < n:
+                out = m(torch.tensor([[tok]]), cache=out.cache, use_cache=True)
+    return out_ids
