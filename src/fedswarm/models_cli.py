@@ -26,7 +26,8 @@ def add_models(sub: argparse._SubParsersAction) -> None:
         help="list the models this install can serve; `peer models pull NAME` fetches one",
         description=(
             "List the models this install can serve (shipped checkpoints, pulled models, GGUF files in the "
-            "model store and in $FEDSWARM_MODEL_DIRS), or fetch one into the per-user store.\n\n"
+            "model store and in $FEDSWARM_MODEL_DIRS), or fetch one into the per-user store "
+            "(here: $FEDSWARM_HOME/models if set, else the user data directory's fedswarm/models).\n\n"
             "examples:\n  peer models --json\n  peer models pull smollm2-135m-instruct"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -80,6 +81,11 @@ def _cmd_list(a: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
+    from .models import PULLABLE
+
+    missing = sorted(set(PULLABLE) - {m["name"] for m in models})
+    if missing:
+        print(f"not pulled yet: {', '.join(missing)} (`peer models pull NAME` fetches one)")
     return 0
 
 
