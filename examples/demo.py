@@ -1,8 +1,8 @@
-"""The demo: start 3 real peers on 127.0.0.1, submit a batch job, show who
-ran what, check the results against a local run; then generate text with
-the shipped tiny Llama whose blocks are served by two of the peers (0:2 and
-2:4), Petals-style, and check the tokens against the same model run in one
-process; stop the peers.
+"""The demo: start 3 real peers on 127.0.0.1, each serving a third of
+SmolLM2-135M-Instruct's decoder blocks; submit a batch job, show who ran
+what, check the results against a local run; then ask SmolLM2 a question
+through the three peers, Petals-style, stream the answer, and check the
+greedy tokens against the same model run in one process; stop the peers.
 
 Run it with ``./scripts/demo.sh`` (which installs what it needs), or
 ``.venv/bin/python examples/demo.py``.
@@ -20,10 +20,13 @@ from pathlib import Path
 
 from fedswarm.localswarm import LocalSwarm
 
+MODEL = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, pulled by scripts/setup.sh (`peer models pull`)
+SPANS = [(0, 10), (10, 20), (20, 30)]  # its 30 decoder blocks, one span per peer
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--peers", type=int, default=3)
+    ap.add_argument("--peers", type=int, default=len(SPANS), help="peers to start; the first three serve SmolLM2")
     ap.add_argument("--shards", type=int, default=12)
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--iters", type=int, default=8)
@@ -31,7 +34,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fedswarm-demo-"))
     print(f"starting {a.peers} peers on 127.0.0.1 (logs in {work})")
     t0 = time.monotonic()
-    serve = [[], ["--serve-model", "tiny-llama", "--blocks", "0:2"], ["--serve-model", "tiny-llama", "--blocks", "2:4"]]
+    serve = [["--serve-model", MODEL, "--blocks", f"{lo}:{hi}", "--torch-threads", "1"] for lo, hi in SPANS]
     with LocalSwarm(a.peers, work, per_peer_args=serve) as swarm:
         for p in swarm.peers:
             print(f"  peer {p.peer_id}  {p.addr}")
@@ -60,35 +63,43 @@ def main() -> int:
         st = swarm.peers[0].status()
         print(f"peer0 sees {len(st['peers'])} live peers; tenant shares {st['tenant_shares']}")
 
-        prompt, n_new = "The swarm says", 24
-        print(f"\ngenerating {n_new} tokens from {prompt!r} through peer1 (blocks 0:2) and peer2 (blocks 2:4)")
+        question, n_new = "What is the capital of France? Answer in one sentence.", 48
+        print(f"\nasking {MODEL} through three peers, blocks {SPANS[0][0]}:{SPANS[0][1]}, "
+              f"{SPANS[1][0]}:{SPANS[1][1]} and {SPANS[2][0]}:{SPANS[2][1]} (greedy, streamed as it arrives):")
+        print(f"  you: {question}")
+        print("  SmolLM2: ", end="", flush=True)
         gen_out = work / "generate.json"
+        # the answer streams to our stdout token by token; timings go to stderr
         r = subprocess.run([sys.executable, "-m", "fedswarm.cli", "generate", "--bootstrap", swarm.bootstrap,
-                            "--model", "tiny-llama", "--prompt", prompt, "--max-new-tokens", str(n_new), "--greedy",
-                            "--out", str(gen_out)], text=True)
+                            "--model", MODEL, "--chat", "--prompt", question, "--max-new-tokens", str(n_new),
+                            "--greedy", "--torch-threads", "1", "--out", str(gen_out)], text=True)
+        print()
         if r.returncode != 0:
             print("generation failed", file=sys.stderr)
             return 1
         gen = json.loads(gen_out.read_text())
-        route = " -> ".join(f"{names.get(h['peer'], h['peer'][:8])}[{h['blocks'][0]}:{h['blocks'][1]}]" for h in gen.get("route", []))
+        route = " -> ".join(f"{names.get(h['peer'], h['peer'][:8])}[{h['blocks'][0]}:{h['blocks'][1]}]"
+                            for h in gen.get("route", []))
         print(f"route: {route}")
-        print(f"text:  {gen['text']!r}   (a random tiny model: the words are noise, the tokens are exact)")
-        local_ids = _local_generate(prompt, n_new)
+        local_ids = _local_generate(gen["prompt_ids"], len(gen["token_ids"]))
         same_tokens = local_ids == gen["token_ids"]
-        print(f"tokens equal the same model run in one process: {same_tokens}")
+        print(f"{len(local_ids)} tokens equal the same model run greedily in one process: {same_tokens}")
         print("stopping peers (SIGTERM, graceful leave)")
     print(f"done in {time.monotonic() - t0:.1f}s")
     return 0 if same and same_tokens else 1
 
 
-def _local_generate(prompt: str, n: int) -> list[int]:
-    from fedswarm.tasks.checkpoint import load_block_span, load_client_head, resolve_model
-    from fedswarm.tasks.llama import generate_greedy
-    from fedswarm.tasks.tokenizer import ByteTokenizer
+def _local_generate(prompt_ids: list[int], n: int) -> list[int]:
+    """The same model in this process: every block on one span, greedy, no swarm."""
+    import torch
 
-    d = resolve_model("tiny-llama")
-    ids = ByteTokenizer().encode(prompt)
-    return list(generate_greedy(load_client_head(d), [load_block_span(d, 0, 4)], ids, n))
+    from fedswarm.tasks.checkpoint import load_block_span, load_client_head, load_config, resolve_model
+    from fedswarm.tasks.llama import generate_greedy
+
+    torch.set_num_threads(1)
+    path = resolve_model(MODEL)
+    layers = load_config(path).num_hidden_layers
+    return list(generate_greedy(load_client_head(path), [load_block_span(path, 0, layers)], prompt_ids, n))
 
 
 if __name__ == "__main__":
