@@ -219,6 +219,9 @@ def _add_start(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap", action="append", default=[], type=_wrap_input(_bootstrap_addr), metavar="MADDR",
                    help="multiaddr (with /p2p/) of a peer to join through; retried with backoff until it "
                         "answers (repeatable; default: none, start a new swarm)")
+    p.add_argument("--bootstrap-retry-max", type=_float_at_least(0.0, open_=True), default=30.0, metavar="SECONDS",
+                   help="longest wait between two tries of an unreachable bootstrap peer (the wait starts at 1 s "
+                        "and doubles)")
     p.add_argument("--key", help="Ed25519 key file, mode 0600 (created if absent; default: DATA_DIR/peer.key)")
     p.add_argument("--data-dir", help="where the key, profile and lock live "
                    "(default: $FEDSWARM_HOME, else the per-user data dir, e.g. ~/.local/share/fedswarm)")
@@ -276,6 +279,7 @@ def _cmd_start(a: argparse.Namespace) -> int:
         announce=a.announce,
         http_host=host,
         simulate_devices=a.simulate_devices,
+        bootstrap_retry_max_s=a.bootstrap_retry_max,
         engine=a.engine,
         ray_address=a.ray_address,
         ray_reserve=a.ray_reserve,

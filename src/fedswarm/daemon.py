@@ -60,6 +60,14 @@ class PeerOptions:
     http_host: str = "127.0.0.1"
     #: run a profile that claims accelerators this machine lacks (warning only)
     simulate_devices: bool = False
+    #: longest wait between two tries of an unreachable bootstrap peer
+    bootstrap_retry_max_s: float = 30.0
+    #: "local": shards run here (ShardExecutor); "ray": on a Ray cluster (runtime.ray_engine)
+    engine: str = "local"
+    #: the Ray cluster's GCS address HOST:PORT; "auto": the local one ($RAY_ADDRESS)
+    ray_address: str = "auto"
+    #: Ray capacity kept from the swarm: N slots, or RES=N,... (see ray_engine.parse_reserve)
+    ray_reserve: str | None = None
 
 
 def default_data_dir() -> Path:
@@ -235,7 +243,7 @@ class BootstrapDialer:
                 n.start_soon(self.try_once, e)
 
     async def keep_dialing(self, e: dict[str, Any]) -> None:
-        delay = 1.0
+        delay = min(1.0, self.max_delay_s)
         while e["state"] != "connected":
             e["retry_in_s"] = delay
             log.warning("bootstrap unreachable; retrying", extra={"fields": {
@@ -341,6 +349,13 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
     if opts.serve_model:
         check_serve_model(opts.serve_model)
     check_blocks(opts.blocks)
+    if opts.engine == "ray":  # Ray installed, reserve well-formed: before anything is created
+        from .runtime.ray_engine import import_ray, parse_reserve
+
+        import_ray()
+        parse_reserve(opts.ray_reserve)
+    elif opts.engine != "local":
+        raise InputError(f"--engine {opts.engine!r} is not an engine", "use local or ray")
     membership = b""
     if opts.membership:
         try:
@@ -354,12 +369,20 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
         if opts.metrics_port:
             check_tcp_free(opts.http_host, opts.metrics_port, "--metrics-port")
         profile, where = resolve_profile(opts, data_dir)
+        ray_cluster = None
+        if opts.engine == "ray":  # connect to and check the cluster before the network starts
+            from .runtime.ray_engine import connect_cluster
+
+            ray_cluster = await connect_cluster(opts.ray_address, opts.ray_reserve, profile=profile)
         _event("data dir", path=str(data_dir), profile=where)
         print(f"fedswarm data dir {data_dir}; {where}", file=sys.stderr, flush=True)
-        return await _serve(opts, identity, profile, membership, task_status)
+        if ray_cluster is not None:
+            print(f"fedswarm ray engine: {ray_cluster.describe()}", file=sys.stderr, flush=True)
+        return await _serve(opts, identity, profile, membership, task_status, ray_cluster)
 
 
-async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership: bytes, task_status: Any) -> int:
+async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership: bytes, task_status: Any,
+                 ray_cluster: Any = None) -> int:
     from dataclasses import replace
 
     from .net.libp2p import open_libp2p_transport
@@ -375,7 +398,7 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
     async with open_libp2p_transport(identity, opts.listen) as transport:
         if opts.announce:
             transport.set_announce(opts.announce)
-        dialer = BootstrapDialer(transport, opts.bootstrap)
+        dialer = BootstrapDialer(transport, opts.bootstrap, max_delay_s=opts.bootstrap_retry_max_s)
         await dialer.first_round()
         boot_ids = [b for b in dialer.connected_ids() if b != identity.peer_id]
         config = profile.peer_config(
@@ -395,8 +418,13 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
         dialer.on_connected = joined
         # no constant power model: without NVML the runner charges the
         # profile's power curve at each shard's clock level
-        executor = ShardExecutor(slots=config.slots)
-        agent = Agent(core, transport, runner=ExecutorRunner(executor, core))
+        if ray_cluster is not None:
+            from .runtime.ray_engine import RayRunner
+
+            runner: Any = RayRunner(ray_cluster, core)  # slots and devices from the cluster
+        else:
+            runner = ExecutorRunner(ShardExecutor(slots=config.slots), core)
+        agent = Agent(core, transport, runner=runner)
         agent.bootstrap_state = dialer.status  # type: ignore[attr-defined]  # /status "bootstrap"
         serving = None
         # signals are caught before readiness is announced: a SIGTERM right
@@ -404,6 +432,8 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)
+                if ray_cluster is not None:
+                    nursery.start_soon(runner.watch)  # re-reads the cluster as nodes join and leave
                 dialer.start_retries(nursery)
                 if opts.serve_model:
                     from .llm_serving import start_block_server

@@ -495,6 +495,11 @@ class Libp2pTransport:
             info = info_from_p2p_addr(multiaddr.Multiaddr(multiaddr_str))
         except Exception as exc:
             raise PeerUnreachable(f"bad multiaddr {multiaddr_str!r}: {exc}") from None
+        # an explicit dial (a bootstrap peer, tried again after a failure) is
+        # not refused by py-libp2p's negative cache of recently failed peers
+        unblock = getattr(self._host.get_network(), "unblock_peer", None)
+        if unblock is not None:
+            unblock(info.peer_id)
         try:
             with trio.fail_after(self.config.dial_timeout):
                 await self._host.connect(info)
