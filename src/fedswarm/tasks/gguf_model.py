@@ -311,6 +311,8 @@ def _config(m: GGUFModel, arch: str) -> LlamaConfig:
     for k in ("bos_token_id", "eos_token_id"):
         v = m.field(f"tokenizer.ggml.{k}")
         if v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InputError(f"{m.path.name}: GGUF tokenizer.ggml.{k} is not an integer")
             d[k] = int(v)
     stype = get("rope.scaling.type")
     if stype not in (None, "none"):
@@ -327,8 +329,6 @@ def _config(m: GGUFModel, arch: str) -> LlamaConfig:
         cfg = LlamaConfig.from_hf_dict(d)
     except ValueError as e:
         raise InputError(f"{m.path.name}: unusable GGUF metadata: {e}") from None
-    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size and head_dim is None:
-        raise InputError(f"{m.path.name}: GGUF metadata gives no head dimension")
     return cfg
 
 

@@ -286,8 +286,12 @@ def _gguf_tokenizer(path: Path) -> HFTokenizer:
     tokens = m.field("tokenizer.ggml.tokens")
     merges = m.field("tokenizer.ggml.merges") or []
     types = m.field("tokenizer.ggml.token_type") or []
-    if not isinstance(tokens, list) or not tokens:
-        raise InputError(f"{path.name}: GGUF file has no tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise InputError(f"{path.name}: GGUF file has no usable tokenizer.ggml.tokens")
+    if not isinstance(merges, list) or not all(isinstance(x, str) for x in merges):
+        raise InputError(f"{path.name}: GGUF tokenizer.ggml.merges is not a list of strings")
+    if not isinstance(types, list):
+        types = []
     alphabet = _byte_alphabet()
     charset = set(alphabet.values())
     vocab: dict[str, int] = {}
@@ -316,14 +320,17 @@ def _gguf_tokenizer(path: Path) -> HFTokenizer:
     if user:
         backend.add_tokens(user)
 
-    def tok(key: str) -> str | None:
+    def tid(key: str) -> int | None:
         i = m.field(f"tokenizer.ggml.{key}")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+            return None
+        return i
 
-    eos_ids = [int(m.field("tokenizer.ggml.eos_token_id"))] if m.field("tokenizer.ggml.eos_token_id") is not None else []
-    eot = m.field("tokenizer.ggml.eot_token_id")
-    if eot is not None:
-        eos_ids.append(int(eot))
+    def tok(key: str) -> str | None:
+        i = tid(key)
+        return None if i is None else tokens[i]
+
+    eos_ids = [i for i in (tid("eos_token_id"), tid("eot_token_id")) if i is not None]
     return HFTokenizer(
         backend, name=f"gguf:{path.name}", chat_template=m.field("tokenizer.chat_template"),
         bos_token=tok("bos_token_id"), eos_token=tok("eos_token_id"),
