@@ -12,7 +12,8 @@ import socket
 
 from ..errors import InputError
 
-__all__ = ["parse_bootstrap", "parse_listen_maddr", "parse_announce", "check_tcp_free", "interface_addrs"]
+__all__ = ["parse_bootstrap", "parse_listen_maddr", "parse_announce", "check_tcp_free", "interface_addrs",
+           "advertised_addrs"]
 
 _EXAMPLE = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW..."
 
@@ -123,3 +124,30 @@ def interface_addrs(version: int) -> list[str]:
     if loop not in addrs:
         addrs.append(loop)
     return list(dict.fromkeys(addrs))
+
+
+def advertised_addrs(listening: list[str], peer_id: str, announce: list[str] | None = None,
+                     *, interfaces: "dict[int, list[str]] | None" = None) -> list[str]:
+    """The addresses to tell other peers (each with ``/p2p/peer_id``).
+
+    ``announce`` (``--announce``) wins when given. Otherwise each listening
+    address, a wildcard (0.0.0.0, ::) replaced by this machine's interface
+    addresses of that family (``interfaces`` overrides them, for tests).
+    """
+    def with_id(a: str) -> str:
+        return a if "/p2p/" in a else f"{a}/p2p/{peer_id}"
+
+    if announce:
+        return list(dict.fromkeys(with_id(a) for a in announce))
+    out = []
+    for a in listening:
+        i = a.find("/p2p/")
+        s = a if i < 0 else a[:i]
+        parts = s.split("/")  # "", "ip4", HOST, "tcp", PORT
+        if len(parts) > 2 and parts[1] in ("ip4", "ip6") and parts[2] in ("0.0.0.0", "::"):
+            ver = 4 if parts[1] == "ip4" else 6
+            ips = (interfaces or {}).get(ver) if interfaces is not None else interface_addrs(ver)
+            out += [with_id("/".join(["", parts[1], ip, *parts[3:]])) for ip in ips or []]
+            continue
+        out.append(with_id(s))
+    return list(dict.fromkeys(out))

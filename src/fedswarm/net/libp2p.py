@@ -112,7 +112,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from ..core.identity import Identity
 from ..errors import LocalProtocolError, PeerUnreachable, TransportTimeout
-from .addrs import check_tcp_free, interface_addrs, parse_listen_maddr
+from .addrs import advertised_addrs, check_tcp_free, parse_listen_maddr
 from ..runtime.ports import Incoming, RequestHandler
 
 __all__ = [
@@ -460,23 +460,12 @@ class Libp2pTransport:
 
     def set_announce(self, addrs: Sequence[str]) -> None:
         """Advertise ``addrs`` (``--announce``) instead of the listen addresses."""
-        self._announce = [a if "/p2p/" in a else f"{a}/p2p/{self.peer_id}" for a in addrs]
+        self._announce = list(addrs)
 
     def listen_addrs(self) -> list[str]:
         """Addresses to dial this peer at (with ``/p2p/``; never a wildcard)."""
-        if getattr(self, "_announce", None):
-            return list(self._announce)
-        out = []
-        for a in self._host.get_addrs():
-            s = _strip_p2p(str(a))
-            parts = s.split("/")  # "", "ip4", HOST, "tcp", PORT
-            if len(parts) > 2 and parts[1] in ("ip4", "ip6") and parts[2] in ("0.0.0.0", "::"):
-                ver = 4 if parts[1] == "ip4" else 6
-                for ip in interface_addrs(ver):
-                    out.append("/".join(["", parts[1], ip, *parts[3:]]) + f"/p2p/{self.peer_id}")
-                continue
-            out.append(f"{s}/p2p/{self.peer_id}")
-        return list(dict.fromkeys(out))
+        return advertised_addrs([str(a) for a in self._host.get_addrs()], self.peer_id,
+                                getattr(self, "_announce", None))
 
     def add_peer_addrs(self, peer_id: str, addrs: Sequence[str]) -> None:
         pid = _to_id(peer_id)
