@@ -1,27 +1,12 @@
-"""Fixtures shared by the LLM tests that run real processes (``peer start``
-serving blocks, ``peer api``, ``peer generate``, ``peer chat``)."""
+"""Fixtures shared by the LLM tests that run real processes: two ``peer
+start`` processes serving SmolLM2 and a ``peer api`` process in front of them
+(session scope: started once for test_api_processes.py and test_chat.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import threading
-from pathlib import Path
-
 import pytest
 
-REAL_MODEL = "smollm2-135m-instruct"
-
-
-def real_model_or_skip() -> Path:
-    from fedswarm.errors import InputError
-    from fedswarm.tasks.checkpoint import resolve_model
-
-    try:
-        return resolve_model(REAL_MODEL)
-    except (InputError, ValueError) as exc:
-        pytest.skip(f"{REAL_MODEL} is not in the model store ({exc}); scripts/setup.sh pulls it")
+from llm_proc_helpers import REAL_MODEL, ApiProcess, real_model_or_skip
 
 
 @pytest.fixture(scope="session")
@@ -42,37 +27,6 @@ def smol_swarm(tmp_path_factory):
         sw.close()
 
 
-class ApiProcess:
-    """``peer api`` as a process; ``url`` once it printed its serving line."""
-
-    def __init__(self, bootstrap: str, models: list[str]) -> None:
-        cmd = [sys.executable, "-m", "fedswarm.cli", "api", "--bootstrap", bootstrap, "--listen", "127.0.0.1:0",
-               "--torch-threads", "1"]
-        for m in models:
-            cmd += ["--model", m]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.err: list[str] = []
-        threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()
-        self.url = ""
-        for line in self.proc.stdout:  # readiness: the printed line, no sleeping
-            if "serving" in line and "http://" in line:
-                self.url = line.split("http://", 1)[1].split()[0].rstrip("/")
-                self.url = "http://" + self.url
-                break
-        if not self.url:
-            self.proc.wait(10)
-            raise RuntimeError(f"peer api did not start (exit {self.proc.returncode}): {''.join(self.err)[-2000:]}")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture(scope="session")
 def smol_api(smol_swarm):
     api = ApiProcess(smol_swarm.bootstrap, [REAL_MODEL])
@@ -80,8 +34,3 @@ def smol_api(smol_swarm):
         yield api
     finally:
         api.close()
-
-
-def peer_cli(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedswarm.cli", *args], input=input, capture_output=True,
-                          text=True, timeout=timeout)

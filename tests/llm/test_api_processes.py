@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import REAL_MODEL, peer_cli
+from llm_proc_helpers import REAL_MODEL, peer_cli
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow

@@ -49,7 +49,7 @@ def test_session_reuse_prefills_only_the_new_suffix(gqa_dir):
 
 @pytest.mark.slow
 def test_peer_chat_through_a_pipe_two_turns(smol_swarm):
-    from conftest import REAL_MODEL, peer_cli
+    from llm_proc_helpers import REAL_MODEL, peer_cli
 
     q1, q2 = "What is the capital of France?", "And of Germany?"
     r = peer_cli("chat", "--bootstrap", smol_swarm.bootstrap, "--model", REAL_MODEL, "--greedy",
