@@ -5,7 +5,17 @@ file, the profile, a ``Libp2pTransport``, a ``ShardExecutor``, the trio
 ``Agent``, and the metrics/status HTTP server. It prints one line with its
 full multiaddr once it accepts connections, and on SIGINT/SIGTERM leaves
 gracefully (stop bidding, hand back queued shards, let running ones finish
-within ``grace_s``, hand back the rest, tell the swarm) and returns.
+within ``grace_s``, hand back the rest, tell the swarm) and returns (0 on
+SIGTERM, 130 on SIGINT).
+
+Before anything starts, every option is checked (``InputError``): addresses,
+ports (a port in use is refused), ``--grace``, ``--serve-model`` (a
+directory without a checkpoint), ``--blocks``. The data dir (``--data-dir``,
+else ``$FEDSWARM_HOME``, else the platform's per-user data dir) is locked
+(``DataDirLock``: one daemon per peer key); without ``--profile`` the machine
+is read (``fedswarm.hardware``) and written to ``DATA_DIR/profile.toml``.
+Bootstrap peers that do not answer are retried with backoff
+(``BootstrapDialer``) and shown in ``/status`` as ``bootstrap``.
 """
 
 from __future__ import annotations
