@@ -405,11 +405,17 @@ def _cmd_status(a: argparse.Namespace) -> int:
                     line += f"; last error: {b['last_error']}"
             print(line)
     peers = st.get("peers", [])
-    print(f"\n{len(peers)} live peers")
-    print(f"  {'peer':<20} {'slots':>5} {'backlog_s':>9} {'power_w':>8} {'max_w':>6} {'gCO2/kWh':>8} {'trust':<10} region")
+    print(f"\n{len(peers)} live peers (* = this peer)")
+    print(f"  {'peer':<21} {'slots':>5} {'backlog_s':>9} {'power_w':>8} {'max_w':>6} {'gCO2/kWh':>8} {'trust':<10} region")
     for p in peers:
-        print(f"  {p['peer'][-20:]:<20} {p['slots']:>5} {p['backlog_s']:>9.1f} {p['power_w']:>8.1f} {p['max_w']:>6.0f} "
-              f"{p['carbon_g_kwh']:>8.0f} {p['trust']:<10} {p['region']}")
+        mark = "*" if p.get("self") else " "
+        print(f"  {mark}{p['peer'][-20:]:<20} {p['slots']:>5} {p['backlog_s']:>9.1f} {p['power_w']:>8.1f} "
+              f"{p['max_w']:>6.0f} {p['carbon_g_kwh']:>8.0f} {p['trust']:<10} {p['region']}")
+    spans = st.get("spans", [])
+    print(f"\n{len(spans)} spans served here, {st.get('span_changes', 0)} span changes, "
+          f"{len(st.get('sessions', []))} open sessions")
+    for sp in spans:
+        print(f"  model {sp['model'][:12]} blocks {sp['start']}:{sp['end']}: {sp['sessions']} sessions")
     leases = st.get("leases", [])
     print(f"\n{len(leases)} leases, {st.get('results_pending', 0)} results awaiting ack")
     for l in leases:
@@ -480,20 +486,53 @@ def _params(a: argparse.Namespace) -> dict[str, Any]:
 
 
 class _Progress:
-    def __init__(self, total: int, mode: str) -> None:
-        self.total = total
-        self.on = mode == "on" or (mode == "auto" and sys.stderr.isatty())
-        self.t0 = time.monotonic()
+    """Shards done, rate, time left and peers in use, on stderr.
 
-    def update(self, done: int) -> None:
-        if not self.on:
-            return
-        width = 30
-        fill = int(width * done / max(self.total, 1))
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} shards  {time.monotonic() - self.t0:5.1f}s")
-        if done >= self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+    A rich bar on a terminal; elsewhere one line every ``every_s`` seconds
+    (and one at the end). ``mode``: auto (bar on a terminal, lines otherwise),
+    on (the bar), off (nothing).
+    """
+
+    def __init__(self, total: int, mode: str, *, every_s: float = 5.0) -> None:
+        self.total = total
+        self.mode = mode
+        self.t0 = time.monotonic()
+        self.every_s = every_s
+        self._last_line = self.t0
+        self._peers: set[str] = set()
+        self._bar: Any = None
+        self._task: Any = None
+        if mode == "on" or (mode == "auto" and sys.stderr.isatty()):
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("shards"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}/s"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[peers]} peers"),
+                                 console=Console(stderr=True), transient=False)
+            self._task = self._bar.add_task("shards", total=total, rate="0.0", peers=0)
+            self._bar.start()
+
+    def update(self, done: int, peer: str | None = None) -> None:
+        if peer:
+            self._peers.add(peer)
+        now = time.monotonic()
+        rate = done / max(now - self.t0, 1e-9)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, rate=f"{rate:.1f}", peers=len(self._peers))
+            if done >= self.total:
+                self.close()
+        elif self.mode == "auto" and (now - self._last_line >= self.every_s or done >= self.total):
+            self._last_line = now
+            left = (self.total - done) / rate if rate > 0 else float("inf")
+            eta = f", ~{left:.0f}s left" if done < self.total and left != float("inf") else ""
+            print(f"peer submit: {done}/{self.total} shards, {rate:.1f}/s, {len(self._peers)} peers{eta}",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 class _Sink:
@@ -558,7 +597,8 @@ def _cmd_submit(a: argparse.Namespace) -> int:
                 prog = _Progress(a.shards, "off" if a.quiet else a.progress)
                 for i in range(a.shards):
                     sink.add({"shard": i, "peer": "local", "result": _jsonable(task.run(params, i, device="cpu"))})
-                    prog.update(i + 1)
+                    prog.update(i + 1, "local")
+                prog.close()
                 job_id = "local"
             else:
                 import trio
@@ -615,13 +655,15 @@ async def _submit_swarm(a: argparse.Namespace, req: Any, sink: _Sink) -> str:
                 async for o in job.results():
                     sink.add({"shard": o.shard, "peer": o.peer, "attempt": o.attempt,
                               "result": o.as_json()["result"], "energy_j": round(o.energy_j, 3)})
-                    prog.update(job.done)
+                    prog.update(job.done, o.peer)
                 for o in await job.wait():  # raises if the job failed; fills any gap
                     sink.add({"shard": o.shard, "peer": o.peer, "attempt": o.attempt,
                               "result": o.as_json()["result"], "energy_j": round(o.energy_j, 3)})
                 return str(job.job_id)
     except trio.TooSlowError:
         raise JobTimeout(f"timed out after {a.timeout:g}s: {sink.missing()}") from None
+    finally:
+        prog.close()
 
 
 # -- completion -------------------------------------------------------------------------------
