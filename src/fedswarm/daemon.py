@@ -289,6 +289,9 @@ class ExecutorRunner:
         want = max((v[0] for v in self._levels.values()), default=1.0)
         if want != getattr(self.executor, "level", 1.0):
             self.executor.set_level(want)
+        # the draw the peer gossips: the power model at the running level, idle when nothing runs
+        pm = self.core.config.power
+        self.core.set_power(pm.power(want) if self._levels else pm.idle_w)
 
     def set_level(self, eff: SetLevel) -> None:
         cur = self._levels.get((eff.tenant, eff.job_id, eff.shard, eff.attempt))

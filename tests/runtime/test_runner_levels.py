@@ -57,12 +57,17 @@ def test_energy_is_charged_per_level_for_the_time_spent_at_it() -> None:
         async with trio.open_nursery() as n:
             n.start_soon(run)
             await wait_for(task.started.is_set, timeout=10)
+            watts.append(core.now_w)  # what the peer gossips while the shard runs at 0.6
             clock[0] += 10.0  # 10 s at 0.6 ...
             runner.set_level(SetLevel("t", "j", 0, 0, 1.0, 12.0))
+            watts.append(core.now_w)
             clock[0] += 5.0  # ... then 5 s at full clock
             task.gate.set()
 
+    watts: list[float] = []
     trio.run(main)
+    watts.append(core.now_w)  # idle again
+    assert watts == pytest.approx([A100.power(0.6), A100.power(1.0), A100.idle_w])
     (fin,) = got
     assert fin.ok
     assert fin.energy_j == pytest.approx(A100.power(0.6) * 10.0 + A100.power(1.0) * 5.0)
