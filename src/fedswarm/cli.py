@@ -870,6 +870,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(a.func(a) or 0)
     except SystemExit:
         raise
+    except BrokenPipeError:
+        # the reader went away (`peer models | head`): nothing left to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except BaseException as exc:  # the one place a failure is turned into a line and an exit code
         return report_failure(prog, exc, debug=debug)
 

@@ -184,3 +184,14 @@ def test_bash_completion_is_generated_from_the_parser(tmp_path: Path) -> None:
         zs = tmp_path / "_peer"
         zs.write_text(p.stdout)
         assert subprocess.run(["zsh", "-n", str(zs)]).returncode == 0
+
+
+def test_a_reader_that_goes_away_is_not_an_error() -> None:
+    """`peer models --json | head -c 1`: the closed pipe ends the command quietly, exit 0."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the listing is written
+    proc = subprocess.Popen([*PEER, "models", "--json"], stdout=w, stderr=subprocess.PIPE)
+    os.close(w)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert b"error" not in err and b"Traceback" not in err
