@@ -286,3 +286,27 @@ def test_a_client_cut_off_itself_does_not_blame_the_holders() -> None:
     # the same lapse with the client's own link fine: the holder went quiet
     c, holder = _cut_off_run("peer")
     assert holder in c._suspect and c.stats["leases_lapsed_cut_off"] == 0
+
+
+def test_an_idle_client_pulls_no_views_and_a_submit_pulls_once() -> None:
+    # idle_pull=False (issue 23): no view pulls while no shard waits to be
+    # placed; one on submit, more while the job's shards are being placed,
+    # none again once they are all placed; idle_pull=True pulls all along
+    s = MiniSwarm(4, seed=3, client_config=ClientConfig(verify="none", idle_pull=False))
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    old = s.add_client(1, idle_pull=True)
+    s.step_until(s.now + 30)
+    assert c.stats["pulls"] == 0
+    assert old.stats["pulls"] >= 10
+    jid, eff = c.submit(s.now, JobRequest("sim", 2, work_s=60.0))
+    assert c.stats["pulls"] == 1
+    assert any(isinstance(e, Send) and e.kind == "Gossip" for e in eff)
+    s._perform(c.id, eff)
+    s.step_until(s.now + 10, stop=lambda: not c._placing())
+    assert not c._placing() and jid not in s.finished
+    placed = c.stats["pulls"]
+    s.step_until(s.now + 30)  # both shards run; nothing to place
+    assert c.stats["pulls"] == placed
+    s.step_until(s.now + 200, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok

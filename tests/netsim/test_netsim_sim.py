@@ -204,3 +204,30 @@ def test_a_swarm_that_starts_at_once_pays_a_constant_number_of_messages_per_peer
             assert sum(r.id in v for v in views) >= 0.9 * len(views)
     # publishing each join to every peer up cost ~n/2 messages per peer
     assert per_peer[100] < 1.25 * per_peer[25], per_peer
+
+
+def test_quiet_gossip_still_forgets_a_crashed_peer_within_its_bound():
+    # gossip_quiet_max = 8 (issue 23): idle peers with unchanged states push,
+    # refresh and advertise TTLs up to 8x longer; a crashed peer still leaves
+    # every view within state_ttl_s * gossip_quiet_max of its crash, and the
+    # live peers still know each other then
+    sim = view_sim(peer={"gossip_quiet_max": 8})
+    sim.run_until(200.0)
+    victim = sim.live_peers()[7]
+    cfg = victim.core.config
+    assert victim.core._quiet > 1  # it has gone quiet
+    bound = cfg.state_ttl_s * cfg.gossip_quiet_max
+    sim.schedule(201.0, "crash", victim.id)
+    sim.run_until(201.0 + bound - 1.0)
+    sim.run_until(201.0 + bound + 0.01)
+    assert not victim.alive
+    for r in sim.live_peers():
+        assert victim.id not in {e.peer for e in r.core.view.live(sim.now)}, r.id
+    assert all_know_each_other(sim)
+
+
+def test_quiet_gossip_sends_fewer_messages_on_an_idle_swarm():
+    loud, quiet = view_sim(), view_sim(peer={"gossip_quiet_max": 8})
+    for sim in (loud, quiet):
+        sim.run_until(600.0)
+    assert quiet.msgs * 4 < loud.msgs

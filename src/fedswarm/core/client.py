@@ -35,6 +35,13 @@ its bids, at most ``max_rebids`` times. Every bid also teaches the client how
 far off states of its age were (``_stale``, ``stale_gain``); such a second
 look ranks by the view so corrected, fresh states before old ones.
 
+View pulls: every ``gossip_interval_s`` the client asks one peer for
+``pull_entries`` entries of its view. With ``idle_pull=False`` it does so
+only while some job has a shard open or being auctioned, plus once when a
+job is submitted (unless a pull went out within the interval), so a tenant
+with nothing to place costs the swarm nothing; the rate per client never
+depends on how many tenants there are.
+
 Exactly-once delivery: a shard may *run* more than once (an attempt thought
 lost may still finish), but the first result for a shard is delivered and
 every later one is acknowledged and dropped; other holders are cancelled.
@@ -306,7 +313,10 @@ class ClientCore(Node):
         job = self.jobs[job_id] = _Job(spec, raw, shards, now, next_round_at=now, counts=counts)
         self._active[job_id] = job
         self.stats["jobs_submitted"] += 1
-        return job_id, self._advance(now, self.jobs[job_id])
+        # a fresh job should not wait on a view gone stale while idle: one
+        # pull now (unless one went out within the last interval)
+        pull = self._pull(now) if not self.config.idle_pull and now >= self._next_gossip else []
+        return job_id, pull + self._advance(now, self.jobs[job_id])
 
     def cancel(self, now: float, job_id: str) -> list[Effect]:
         job = self.jobs.get(job_id)
@@ -356,16 +366,8 @@ class ClientCore(Node):
 
     def poll(self, now: float) -> list[Effect]:
         out: list[Effect] = []
-        if now >= self._next_gossip:
-            self._next_gossip = now + self.config.gossip_interval_s
-            self.view.expire(now)
-            peers = [p for p in self.view.peers() if p != self.id] or list(self.config.bootstrap)
-            if peers:
-                # a client has no state to push; it pulls a large slice of a
-                # peer's view, so that it knows most candidates for its jobs
-                to = self.rng.choice(peers)
-                self._pulled = (to, now)
-                out.append(self._gossip_to(now, to, reply=True, entries=0, want=self.config.pull_entries))
+        if now >= self._next_gossip and (self.config.idle_pull or self._placing()):
+            out.extend(self._pull(now))
         heap = self._lease_heap
         while heap and heap[0][0] <= now:
             found = self._held(heapq.heappop(heap), lease=True)
@@ -410,7 +412,7 @@ class ClientCore(Node):
         return out
 
     def next_deadline(self) -> float:
-        t = self._next_gossip
+        t = self._next_gossip if self.config.idle_pull or self._placing() else math.inf
         heap = self._lease_heap
         aheap = self._award_heap
         while aheap:
@@ -443,6 +445,33 @@ class ClientCore(Node):
         if sh.state != ShardState.AWARDED or sh.attempt != attempt or (lease and sh.lease_until != when):
             return None
         return job, sh
+
+    def _placing(self) -> bool:
+        """Whether some job has a shard to place (open or being auctioned):
+        only then does the client pull views."""
+        for job in self._active.values():
+            c = job.counts
+            if job.spec.chain:
+                nxt = job.done
+                if nxt < len(job.shards) and job.shards[nxt].state in (ShardState.OPEN, ShardState.BIDDING):
+                    return True
+            elif c[ShardState.OPEN] or c[ShardState.BIDDING]:
+                return True
+        return False
+
+    def _pull(self, now: float) -> list[Effect]:
+        """Ask one peer of the view (a bootstrap peer if none) for a large
+        slice of its view: a client has no state to push, it only needs to
+        know most candidates for its jobs."""
+        self._next_gossip = now + self.config.gossip_interval_s
+        self.view.expire(now)
+        peers = [p for p in self.view.peers() if p != self.id] or list(self.config.bootstrap)
+        if not peers:
+            return []
+        to = self.rng.choice(peers)
+        self._pulled = (to, now)
+        self.stats["pulls"] += 1
+        return [self._gossip_to(now, to, reply=True, entries=0, want=self.config.pull_entries)]
 
     def _set_lease(self, sh: _Shard, job_id: str, until: float) -> None:
         sh.lease_until = until

@@ -39,6 +39,11 @@ class PeerConfig:
     gossip_entries: int = 8
     state_ttl_s: float = 30.0
     state_refresh_s: float = 10.0
+    # quiet gossip: while idle (no lease, no pending result, not leaving) with
+    # an unchanged state, each push round doubles the push interval, the state
+    # refresh and the TTL our state advertises, up to this factor (1: off).
+    # A crashed peer leaves every view within state_ttl_s * gossip_quiet_max.
+    gossip_quiet_max: int = 1
     gossip_probe_rate: float = 0.1  # per round: ask a lost or bootstrap peer for its view
     max_view: int = 1024
     join_pull: int = 255  # view entries asked of each bootstrap peer on start (<= 255)
@@ -72,6 +77,8 @@ class PeerConfig:
             raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}")
         if self.slots < 1 or self.gossip_fanout < 0 or self.gossip_interval_s <= 0:
             raise ValueError("bad slots / gossip settings")
+        if self.gossip_quiet_max < 1:
+            raise ValueError("gossip_quiet_max must be >= 1")
         if not 0 <= self.join_pull <= 255:
             raise ValueError("join_pull must be in [0, 255]")
 
@@ -98,6 +105,11 @@ class ClientConfig:
     max_lease_s: float = 120.0  # longest lease granted to a shard with a long ETA
     max_attempts: int = 20
     gossip_interval_s: float = 2.0
+    # True: pull a view every gossip_interval_s whether or not a shard waits
+    # (the behaviour so far). False: pull only while some shard is open or
+    # being auctioned, plus once on submit (unless a pull went out within the
+    # interval), so an idle tenant costs the swarm no messages (issue 23)
+    idle_pull: bool = True
     pull_entries: int = 255  # view entries asked of a peer per gossip pull (<= 255)
     max_view: int = 1024
     max_skew_s: float = 60.0

@@ -13,6 +13,16 @@ A peer does four things, all driven by ``handle(now, input)`` and
    spreads the join from there, so a join costs a constant number of
    messages); on leave it publishes its state on ``TOPIC_PEERS`` so a
    leave is known at once.
+   *Quiet gossip* (``gossip_quiet_max`` > 1, off by default): while the peer
+   is idle (no lease, no undelivered result, not leaving) and a push round
+   found its state's content unchanged, the next round comes twice as late,
+   up to ``gossip_quiet_max`` times the interval; the state it signs then
+   advertises ``state_ttl_s`` and is refreshed every ``state_refresh_s``
+   stretched by the same factor, so refresh/TTL keeps its ratio. Work
+   arriving (an award) brings the interval back to ``gossip_interval_s``
+   counted from the last push. Bound: a crashed peer leaves every view
+   within ``state_ttl_s * gossip_quiet_max`` of its crash (its last state
+   expires by then); running shards are still caught by lease lapses.
 2. **Bidding.** On a ``CallForBids`` whose tenant-signed ``JobSpec`` it can
    serve (task kind, devices, memory, tenant policy, not leaving), it answers
    with a ``Bid``: the wait before the shards would start here given its
@@ -198,6 +208,13 @@ class PeerCore(Node):
         self._own_signed_at = -math.inf
         self._own_fingerprint: tuple[Any, ...] = ()
         self._next_gossip = 0.0
+        self._last_gossip_at = -math.inf
+        #: quiet gossip: the factor (1, 2, 4, ... gossip_quiet_max) by which
+        #: the push interval, the state refresh and the advertised TTL are
+        #: stretched while the peer is idle and its state unchanged
+        self._quiet = 1
+        self._own_quiet = 1  # the factor our signed state was issued with
+        self._changed = False  # our state's content changed since the last round
         self._busy_slots = 0
         self._tenant_load: dict[str, float] = {}
         #: (tenant, job_id) -> when our last bid said its shard would start
@@ -238,10 +255,21 @@ class PeerCore(Node):
 
     def poll(self, now: float) -> list[Effect]:
         out: list[Effect] = []
+        cfg = self.config
+        if self._quiet > 1 and not self._idle_now():
+            # work arrived: back to the base interval (counted from the last push)
+            self._quiet = 1
+            self._next_gossip = min(self._next_gossip, self._last_gossip_at + cfg.gossip_interval_s)
         if now >= self._next_gossip:
-            self._next_gossip = now + self.config.gossip_interval_s
+            self._last_gossip_at = now
             self.view.expire(now)
+            self._changed = False
             out.extend(self._gossip_round(now))
+            if self._changed or not self._idle_now():
+                self._quiet = 1
+            else:
+                self._quiet = min(2 * self._quiet, cfg.gossip_quiet_max)
+            self._next_gossip = now + cfg.gossip_interval_s * self._quiet
         etas: dict[LeaseKey, float] | None = None
         ctx: _PrioContext | None = None
         for lease in list(self.leases.values()):
@@ -282,11 +310,17 @@ class PeerCore(Node):
     def next_deadline(self) -> float:
         t = self._next_gossip
         cfg = self.config
+        if self._quiet > 1 and not self._idle_now():
+            t = min(t, self._last_gossip_at + cfg.gossip_interval_s)
         for lease in self.leases.values():
             t = min(t, lease.next_renew_at, lease.last_ack_at + self._grace(lease) + 1e-6)
         for ob in self.outbox.values():
             t = min(t, ob.next_at)
         return t
+
+    def _idle_now(self) -> bool:
+        """No lease, no undelivered result, not leaving: gossip may go quiet."""
+        return not self.leases and not self.outbox and not self.leaving
 
     def set_throughput(self, kind: str, value: float) -> None:
         """Executor feedback: measured speed for a task kind (1.0 = reference)."""
@@ -329,7 +363,7 @@ class PeerCore(Node):
         pm = c.power
         return PeerState(
             seq=self._seq,
-            ttl_s=c.state_ttl_s,
+            ttl_s=c.state_ttl_s * self._quiet,
             devices=c.devices,
             slots=c.slots,
             throughput=dict(self.throughput),
@@ -373,12 +407,15 @@ class PeerCore(Node):
             or self._own_raw is None
             or fp != self._own_fingerprint
             or ledger_changed
-            or now - self._own_signed_at >= self.config.state_refresh_s
+            or now - self._own_signed_at >= self.config.state_refresh_s * self._own_quiet
         ):
+            if fp != self._own_fingerprint or ledger_changed:
+                self._changed = True
             self._seq += 1
             st = self._state(now)
             self._own_raw = self._encode(st, now)
             self._own_signed_at = now
+            self._own_quiet = self._quiet
             self._own_fingerprint = fp
             self._ledger_dirty = False
             # keep ourselves in our own view, so a client asking us sees us
