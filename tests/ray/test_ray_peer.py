@@ -96,10 +96,10 @@ def own_slots(peer: PeerProcess) -> int:
     return next(e["slots"] for e in st["peers"] if e["self"])
 
 
-def ray_tasks(cluster: LocalRayCluster) -> list:
+def ray_tasks(cluster: LocalRayCluster, *, detail: bool = False) -> list:
     from ray.util.state import list_tasks
 
-    return list_tasks(address=cluster.dashboard, limit=10000, raise_on_missing_output=False)
+    return list_tasks(address=cluster.dashboard, limit=10000, raise_on_missing_output=False, detail=detail)
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +226,128 @@ def test_bad_ray_input_is_one_line_and_no_daemon(cluster, tmp_path: Path) -> Non
         p = run_start(["--engine", "ray", "--ray-address", empty.address], tmp_path / "f")
         one_error_line(p, r"has no CPUs and no GPUs")
 
+
+
+def test_reserve_syntax() -> None:
+    from fedswarm.errors import InputError
+    from fedswarm.runtime.ray_engine import parse_reserve
+
+    assert parse_reserve(None) == {}
+    assert parse_reserve("2") == {"slots": 2.0}
+    assert parse_reserve("CPU=4, GPU=1,memory=16G") == {"CPU": 4.0, "GPU": 1.0, "memory": 16.0 * (1 << 30)}
+    for bad in ("lots", "-1", "CPU=", "=2", "CPU=1,CPU=2", "nan", "memory=1X"):
+        with pytest.raises(InputError):
+            parse_reserve(bad)
+
+
+# -- the runner on its own (this process as the Ray driver) ------------------------------------
+
+def _run_runner_case(cluster: LocalRayCluster, case) -> None:
+    import random
+
+    import trio
+
+    from fedswarm.core.identity import load_or_create_key
+    from fedswarm.core.peer import PeerCore
+    from fedswarm.profiles import load_profile
+    from fedswarm.runtime.ray_engine import RayRunner, connect_cluster
+
+    async def main() -> None:
+        ray_cluster = await connect_cluster(cluster.address, None)
+        try:
+            import tempfile
+
+            key = Path(tempfile.mkdtemp()) / "k"
+            core = PeerCore(load_or_create_key(key), load_profile(PROFILE).peer_config(), random.Random(0))
+            runner = RayRunner(ray_cluster, core)
+            await case(runner, core)
+        finally:
+            ray_cluster.shutdown()
+
+    trio.run(main)
+
+
+def _shard(i: int, params: dict, *, job: str, gpus: int = 1):
+    import msgpack
+
+    from fedswarm.core.events import RunShard
+
+    return RunShard("tenant", job, i, 0, "tensor-map", msgpack.packb(params), 1.0, gpus, 0, 1.0, 1.0)
+
+
+def _expected(params: dict, shard: int) -> dict:
+    from fedswarm.tasks.registry import get_task
+
+    return get_task("tensor-map").run(params, shard, device="cpu")
+
+
+def test_runner_cancel_gang_and_chain_on_the_cluster(cluster) -> None:
+    """A cancelled shard's Ray task is cancelled; a gang shard runs in one
+    placement group that is gone afterwards; chain shards run in order."""
+    import types
+
+    import msgpack
+    import trio
+    from ray.util.state import list_placement_groups
+
+    small = {"seed": 5, "size": 64, "iters": 2}
+    big = {"seed": 5, "size": 2048, "iters": 1000}  # ~17 TFLOP: hours on one CPU unless cancelled
+
+    def task_named(name: str):
+        rows = [t for t in ray_tasks(cluster) if t.name == name]
+        return rows[-1] if rows else None
+
+    async def case(runner, core) -> None:
+        # cancel: the shard's Ray task stops, the runner returns at once
+        with trio.move_on_after(120) as scope:
+            async with trio.open_nursery() as n:
+                n.start_soon(runner.run_shard, _shard(0, big, job="cancel-me"))
+                while not ((t := await trio.to_thread.run_sync(task_named, "fedswarm tensor-map#0"))
+                           and t.state == "RUNNING"):
+                    await trio.sleep(0.2)
+                n.cancel_scope.cancel()
+        assert not scope.cancelled_caught, "the shard never ran"
+        assert runner.stats["ray_cancelled"] == 1
+        with trio.fail_after(60):
+            while (t := await trio.to_thread.run_sync(task_named, "fedswarm tensor-map#0")).state == "RUNNING":
+                await trio.sleep(0.2)
+        # it stopped long before its work was done (Ray's state API may label a task
+        # interrupted by ray.cancel FINISHED: ray-project/ray#32826)
+        assert t.state in ("FAILED", "FINISHED"), t.state
+
+        # gang: two slots, one placement group, removed afterwards
+        fin = await runner.run_shard(_shard(7, small, job="gang", gpus=2))
+        assert fin.ok, fin.error
+        assert msgpack.unpackb(fin.result) == _expected(small, 7)
+        pgs = list_placement_groups(address=cluster.dashboard, raise_on_missing_output=False)
+        assert pgs and all(p.state == "REMOVED" for p in pgs), [(p.placement_group_id, p.state) for p in pgs]
+
+        # chain: shard 11 arrives first, yet waits for shard 10 (two CPUs are free)
+        for s in (10, 11):  # (names apart from the shards above: Ray names a task by kind and shard)
+            core.leases[("tenant", "chain", s, 0)] = types.SimpleNamespace(job=types.SimpleNamespace(chain=True))
+        mid = {"seed": 5, "size": 256, "iters": 20}
+        done: list[int] = []
+
+        async def one(s: int) -> None:
+            fin = await runner.run_shard(_shard(s, mid, job="chain"))
+            assert fin.ok, fin.error
+            done.append(s)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(one, 11)
+            await trio.sleep(0)  # shard 11 arrives first and waits for shard 10
+            n.start_soon(one, 10)
+        assert done == [10, 11]
+        core.leases.clear()
+        def times():
+            rows = {t.name: t for t in ray_tasks(cluster, detail=True)}
+            a, b = rows.get("fedswarm tensor-map#10"), rows.get("fedswarm tensor-map#11")
+            return (a, b) if a and b and a.end_time_ms and b.start_time_ms else None
+
+        with trio.fail_after(30):  # the state API learns task events a moment late
+            while not (both := await trio.to_thread.run_sync(times)):
+                await trio.sleep(0.3)
+        first, second = both
+        assert second.start_time_ms >= first.end_time_ms, "chain shard 11 started before shard 10 ended"
+
+    _run_runner_case(cluster, case)

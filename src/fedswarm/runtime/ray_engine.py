@@ -43,7 +43,9 @@ Pieces
     placement group of that many one-slot bundles; shards of a chain job held
     here run in shard order. Cancelling (a ``CancelShard`` from a revoked
     lease, a tenant's cancel, a hand-back on leave) cancels the Ray task
-    (``ray.cancel``) and removes its placement group.
+    (``ray.cancel(force=True)``: its worker process ends, so no half-run
+    shard leaves state behind in a worker Ray would reuse) and removes its
+    placement group.
 
 Failures: a Ray task that fails because its worker or node died
 (``WorkerCrashedError``, ``NodeDiedError``, ``ObjectLostError``,
@@ -477,6 +479,8 @@ class RayRunner:
         #: chain job -> shards waiting or running here
         self._chain: dict[tuple[str, str], set[int]] = {}
         self._chain_changed = trio.Event()
+        #: chain job -> its shards that finished here
+        self._chain_finished: dict[tuple[str, str], set[int]] = {}
         self.capacity: Capacity | None = None
         self._measured: set[str] = set()  # task kinds timed here (their throughput is an EMA from then on)
         self.stats = {"ray_tasks": 0, "ray_retries": 0, "ray_handed_back": 0, "ray_cancelled": 0}
@@ -550,12 +554,22 @@ class RayRunner:
             return {"num_gpus": need, "num_cpus": 1}
         return {"num_cpus": need, "num_gpus": 0}
 
+    def _chain_blocked(self, job: tuple[str, str], shard: int) -> bool:
+        """Whether a lower shard of this chain job runs here (its lease is
+        running in the core, or it is in the runner) and has not finished."""
+        t, j = job
+        lower = {k[2] for k, lease in self.core.leases.items()
+                 if k[0] == t and k[1] == j and k[2] < shard and getattr(lease, "state", "running") == "running"}
+        lower |= {s for s in self._chain.get(job, set()) if s < shard}
+        return bool(lower - self._chain_finished.get(job, set()))
+
     async def _chain_turn(self, job: tuple[str, str], shard: int) -> None:
-        waiting = self._chain.setdefault(job, set())
-        waiting.add(shard)
-        while min(waiting) != shard:
-            ev = self._chain_changed
-            await ev.wait()
+        self._chain.setdefault(job, set()).add(shard)
+        while self._chain_blocked(job, shard):
+            # woken when a shard here ends; re-checked now and then, since the
+            # core drops a finished lease just after the runner returns
+            with trio.move_on_after(0.5):
+                await self._chain_changed.wait()
 
     def _chain_done(self, job: tuple[str, str], shard: int) -> None:
         waiting = self._chain.get(job)
@@ -563,6 +577,13 @@ class RayRunner:
             waiting.discard(shard)
             if not waiting:
                 del self._chain[job]
+        self._chain_finished.setdefault(job, set()).add(shard)
+        # forget finished shards of jobs with nothing left here
+        for k in [k for k in self._chain_finished if k not in self._chain
+                  and not any(lk[0] == k[0] and lk[1] == k[1] and lk[2] not in self._chain_finished[k]
+                              for lk in self.core.leases)]:
+            if k != job:
+                del self._chain_finished[k]
         self._chain_changed.set()
         self._chain_changed = trio.Event()
 
@@ -604,7 +625,10 @@ class RayRunner:
             if isinstance(exc, (trio.Cancelled, KeyboardInterrupt)) and ref is not None:
                 self.stats["ray_cancelled"] += 1
                 try:
-                    ray.cancel(ref, force=False, recursive=True)
+                    # force: the worker process ends. An interrupt (force=False) can land
+                    # mid-import of torch and leave a half-initialised module in a worker
+                    # that Ray then reuses for the next shard.
+                    ray.cancel(ref, force=True, recursive=True)
                 except Exception:
                     log.debug("ray.cancel failed", exc_info=True)
             raise
