@@ -10,7 +10,7 @@ fi
 stamp=.venv/.fedswarm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev,ray]'
+    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
     touch "$stamp"
 fi
 # the real model of the demo and the tests (SmolLM2, 98 MB): fetched once into

@@ -14,4 +14,10 @@ if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null
     fi
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/python -m pytest -q "$@"
+# tests/ray (a real local Ray cluster) is not yet reliable or fast enough for CI on 2 cores:
+# FEDSWARM_RAY_TESTS=1 installs the [ray] extra and runs it too
+if [ "${FEDSWARM_RAY_TESTS:-0}" = 1 ]; then
+    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev,ray]'
+    exec .venv/bin/python -m pytest -q "$@"
+fi
+exec .venv/bin/python -m pytest -q --ignore=tests/ray "$@"
