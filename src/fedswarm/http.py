@@ -15,7 +15,6 @@ socket is bound here, not by hypercorn, so that
 
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 from typing import Any
@@ -62,14 +61,12 @@ def bind_tcp(host: str, port: int) -> socket.socket:
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise InputError(f"port {port} on {host} is already in use",
-                             "stop the other server or choose another port") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise InputError(f"no permission to listen on {host}:{port}", "use a port above 1023") from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise InputError(f"{host} is not an address of this machine") from None
-        raise
+        from .net.addrs import bind_refusal
+
+        refusal = bind_refusal(exc, host, port)
+        if refusal is exc:
+            raise
+        raise refusal from None
     sock.setblocking(False)
     return sock
 

@@ -100,16 +100,22 @@ def check_tcp_free(host: str, port: int, what: str = "port") -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, port))
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise InputError(f"{what} {port} on {host} is already in use",
-                             "stop the other process or choose another port") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise InputError(f"no permission to listen on {host}:{port}", "use a port above 1023") from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise InputError(f"{host} is not an address of this machine") from None
-        raise
+        raise bind_refusal(exc, host, port, what) from None
     finally:
         s.close()
+
+
+def bind_refusal(exc: OSError, host: str, port: int, what: str = "port") -> Exception:
+    """What to raise for a failed ``bind(host, port)``: an ``InputError`` naming
+    the cause a user can fix (port in use, no permission, not our address), else
+    the ``OSError`` itself."""
+    if exc.errno == errno.EADDRINUSE:
+        return InputError(f"{what} {port} on {host} is already in use", "stop the other process or choose another port")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return InputError(f"no permission to listen on {host}:{port}", "use a port above 1023")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return InputError(f"{host} is not an address of this machine")
+    return exc
 
 
 def interface_addrs(version: int) -> list[str]:
