@@ -50,6 +50,8 @@ log = logging.getLogger("fedswarm.daemon")
 
 @dataclass
 class PeerOptions:
+    """What ``serve_peer`` runs: the options of ``peer start``, one field each."""
+
     #: profile TOML; None: read this machine and write DATA_DIR/profile.toml
     profile: str | None = None
     listen: str = "/ip4/127.0.0.1/tcp/0"
