@@ -742,7 +742,7 @@ def _zsh_script(ap: argparse.ArgumentParser) -> str:
         for x in actions:
             h = _zq(x.help or "")
             if not x.option_strings:
-                specs.append(f"'1:{x.dest}:({' '.join(map(str, x.choices))})'")
+                specs.append(f"'1:{x.dest}:({' '.join(map(str, x.choices or ()))})'")
                 continue
             for s in x.option_strings:
                 if x.nargs == 0:

@@ -262,7 +262,7 @@ def _coverage(rows: list[dict[str, Any]], llm: Any) -> list[dict[str, Any]]:
             layers = int(llm.span.config.num_hidden_layers)
             name = getattr(llm, "model_name", None)
         known = layers is not None
-        n = layers if known else max(h["end"] for h in holders)
+        n = layers if layers is not None else max(h["end"] for h in holders)
         covered = [0] * n
         for h in holders:
             for i in range(max(h["start"], 0), min(h["end"], n)):

@@ -324,7 +324,11 @@ class ShardExecutor:
 
         try:
             result, wall, energy = await trio.to_thread.run_sync(
-                work, limiter=slot, abandon_on_cancel=True, thread_name=f"shard {kind}#{shard}"
+                work,
+                # a _Slot has CapacityLimiter's acquire/release_on_behalf_of, all that trio calls
+                limiter=slot,  # type: ignore[arg-type]
+                abandon_on_cancel=True,
+                thread_name=f"shard {kind}#{shard}",
             )
         finally:
             cancel.set()  # no-op if the thread already finished

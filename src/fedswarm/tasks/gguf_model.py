@@ -446,7 +446,7 @@ def model_hash(path: str | os.PathLike[str]) -> str:
         t = m.tensors[name]
         tname = getattr(t.tensor_type, "name", str(int(t.tensor_type)))
         h.update(json.dumps([name, tname, list(_hf_shape(t)), int(t.n_bytes)]).encode() + b"\0")
-        h.update(memoryview(np.ascontiguousarray(t.data)).cast("B"))
+        h.update(np.ascontiguousarray(t.data).data.cast("B"))
     digest = h.hexdigest()
     with _hash_lock:
         _hash_cache[key] = (fp, digest)

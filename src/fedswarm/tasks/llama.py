@@ -382,6 +382,7 @@ class _StepKV:
         if len(self.caches) == 1:
             c = self.caches[0]
             return c.k[layer, :, : c.length + t][None], c.v[layer, :, : c.length + t][None], self.mask, False
+        assert self.mask is not None  # __init__ sets it whenever two caches or more step together
         total = self.mask.shape[-1]
         bsz, nkv, _, hd = k.shape
         keys = k.new_zeros(bsz, nkv, total, hd)

@@ -67,6 +67,18 @@ _TOKENIZER = ByteTokenizer()
 class _Job:
     __slots__ = ("model_dir", "config", "prompts", "max_new", "greedy", "temperature", "seed",
                  "shard_size", "dtype", "stop_at_eos", "name", "expected_hash")
+    model_dir: os.PathLike[str]
+    config: LlamaConfig
+    prompts: list[list[int]]
+    max_new: int
+    greedy: bool
+    temperature: float
+    seed: int
+    shard_size: int
+    dtype: str
+    stop_at_eos: bool
+    name: str
+    expected_hash: str | None
 
 
 class LlmBatchTask:

@@ -82,8 +82,10 @@ class StreamDecoder(Protocol):
 class Tokenizer(Protocol):
     name: str
     vocab_size: int
-    bos_id: int | None
     eos_ids: frozenset[int]
+
+    @property
+    def bos_id(self) -> int | None: ...  # read-only here, so a tokenizer that always has one (int) fits
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
