@@ -31,19 +31,8 @@ short one.
 import importlib as _importlib
 import typing as _typing
 
-from .errors import (
-    FederationError,
-    InputError,
-    JobCancelled,
-    JobFailed,
-    JobTimeout,
-    LocalProtocolError,
-    PeerUnreachable,
-    ProtocolError,
-    RemoteProtocolError,
-    TransportError,
-    TransportTimeout,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F403 (its __all__: the error hierarchy)
 
 if _typing.TYPE_CHECKING:  # what __getattr__ imports, for type checkers and editors
     from .client import BlockingClient, Client, JobHandle, ShardOutput, open_client, open_swarm_client
@@ -80,25 +69,15 @@ __all__ = [
     "BlockingClient",
     "JobRequest",
     "Identity",
-    # errors
-    "FederationError",
-    "ProtocolError",
-    "LocalProtocolError",
-    "RemoteProtocolError",
-    "TransportError",
-    "PeerUnreachable",
-    "TransportTimeout",
-    "JobFailed",
-    "JobTimeout",
-    "JobCancelled",
-    "InputError",
-    "NoRoute",
     # serving
     "serve_peer",
     "PeerOptions",
     "start_block_server",
     "SwarmLLM",
+    # the LLM client's error; the others (FederationError and below) follow
+    "NoRoute",
 ]
+__all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> _typing.Any:

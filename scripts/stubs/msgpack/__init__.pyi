@@ -1,0 +1,6 @@
+# Types for the part of msgpack that fedswarm calls (msgpack ships none);
+# read by scripts/typecheck.sh (mypy_path in pyproject.toml).
+from typing import Any
+
+def packb(o: Any, **kwargs: Any) -> bytes: ...
+def unpackb(packed: bytes | bytearray | memoryview, **kwargs: Any) -> Any: ...
