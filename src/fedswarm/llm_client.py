@@ -36,7 +36,7 @@ import torch
 import trio
 
 from .errors import FederationError, InputError, TransportError
-from .llm_serving import PROTOCOL, SESSION_ID_BYTES, WIRE_VERSION, WireError, decode, encode, pack_tensor, unpack_tensor
+from .llm_protocol import PROTOCOL, SESSION_ID_BYTES, WIRE_VERSION, WireError, decode, encode, pack_tensor, unpack_tensor
 from .tasks.llama import LlamaClientHead
 from .tasks.sampling import Sampler, SamplingParams, StopMatcher
 
@@ -183,6 +183,7 @@ class SwarmLLM:
         spot_check_rate: float = 0.05,
         spot_check_tol: float = 1e-2,
         seed: int | None = None,
+        max_step_batch: int = 32,
     ) -> None:
         self.transport = transport
         self.view = view
@@ -207,6 +208,11 @@ class SwarmLLM:
         self._head_queue: list[dict[str, Any]] = []
         self._head_busy = False
         self.head_batches = {"calls": 0, "batches": 0, "max_batch": 0}
+        # decode steps of concurrent sessions to the same hop travel as one
+        # ``step`` request (see _step_together); 1 turns that off
+        self.max_step_batch = max_step_batch
+        self._steps: dict[tuple[str, int, int], _StepQueue] = {}
+        self.step_batches = {"steps": 0, "requests": 0, "max_batch": 0, "fallbacks": 0}
 
     async def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``(vocab,)`` for one position's final hidden state.
@@ -223,7 +229,7 @@ class SwarmLLM:
         if not self._head_busy:
             self._head_busy = True
             try:
-                await trio.sleep(0)  # sessions whose answers arrived in the same tick join the batch
+                await _settle(lambda: len(self._head_queue))  # sessions whose answers arrived together join
             finally:
                 while self._head_queue:  # no checkpoint in here: always served, even when cancelled
                     batch, self._head_queue = self._head_queue, []
@@ -236,6 +242,96 @@ class SwarmLLM:
                 self._head_busy = False
         await slot["ev"].wait()
         return slot["out"]
+
+    async def _step_together(self, sess: "InferenceSession", hs: "_HopState", x: torch.Tensor) -> torch.Tensor | None:
+        """Send this session's decode step ``x`` (1, hidden) for hop ``hs``
+        together with the other sessions' steps to the same peer and span:
+        one ``step`` request, one batched forward on the peer.
+
+        Whoever finds no step request in flight for that hop sends everything
+        queued for it (after one scheduler tick, so sessions whose previous
+        answers arrived together leave together); steps that arrive meanwhile
+        go in the next request. Sessions served together stay together from
+        hop to hop, so 8 API streams cost each peer about one forward per
+        token position instead of eight.
+
+        Returns the hop's output (1, hidden), or None when the step must be
+        sent on its own (the batch was refused, or its sender was cancelled):
+        ``forward`` then handles resyncs and replays as for any step. A
+        transport failure raises ``_HopFailed`` for every session in it.
+        """
+        key = (hs.hop.peer, hs.hop.start, hs.hop.end)
+        q = self._steps.get(key)
+        if q is None:
+            q = self._steps[key] = _StepQueue()
+        item = _StepItem(sess, hs, x)
+        q.items.append(item)
+        self.step_batches["steps"] += 1
+        try:
+            while not item.done:
+                if q.busy:
+                    await q.changed.wait()
+                    continue
+                q.busy = True
+                batch: list[_StepItem] = []
+                try:
+                    await _settle(lambda: len(q.items))
+                    batch, q.items = q.items[: self.max_step_batch], q.items[self.max_step_batch :]
+                    await self._send_step(hs.hop, batch)
+                finally:
+                    for it in batch:
+                        it.done = True  # unanswered ones (we were cancelled) fall back to forward
+                    q.busy = False
+                    ev, q.changed = q.changed, trio.Event()
+                    ev.set()
+        finally:
+            if item in q.items:  # cancelled while queued
+                q.items.remove(item)
+            if not q.items and not q.busy and self._steps.get(key) is q:
+                del self._steps[key]
+        if item.failed is not None:
+            raise item.failed
+        return item.out
+
+    async def _send_step(self, hop: "Hop", batch: list["_StepItem"]) -> None:
+        if len(batch) == 1:  # a lone step is an ordinary forward
+            return
+        self.step_batches["requests"] += 1
+        self.step_batches["max_batch"] = max(self.step_batches["max_batch"], len(batch))
+        msg = {
+            "v": WIRE_VERSION, "op": "step", "model": self.model_hash, "span": [hop.start, hop.end],
+            "sessions": [it.sess.id for it in batch], "pos": [it.hs.pos for it in batch],
+            "max_length": [it.sess.max_length for it in batch],
+            "hidden": pack_tensor(torch.cat([it.x for it in batch])),
+        }
+        t0 = time.perf_counter()
+        try:
+            resp = await self._request(hop.peer, msg)
+        except _HopFailed as exc:
+            for it in batch:
+                it.failed = exc
+            return
+        dt = time.perf_counter() - t0
+        if resp.get("ok") is not True:
+            self.step_batches["fallbacks"] += len(batch)
+            return  # each step goes again on its own, with forward's error handling
+        lengths = resp.get("length")
+        try:
+            out = unpack_tensor(resp.get("hidden"), max_ndim=2)
+        except WireError as exc:
+            for it in batch:
+                it.failed = _HopFailed(hop.peer, f"bad hidden: {exc}")
+            return
+        if (tuple(out.shape) != (len(batch), self.head.config.hidden_size) or type(lengths) is not list
+                or lengths != [it.hs.pos + 1 for it in batch]):
+            for it in batch:
+                it.failed = _HopFailed(hop.peer, "step answer does not match the request")
+            return
+        old = self.rtt.get(hop.peer)
+        self.rtt[hop.peer] = dt if old is None else 0.8 * old + 0.2 * dt
+        for i, it in enumerate(batch):
+            it.hs.pos += 1
+            it.out = out[i : i + 1]
 
     # -- routing -------------------------------------------------------------
     def hops(self) -> list[Hop]:
@@ -709,6 +805,10 @@ class InferenceSession:
     async def _forward(self, hs: _HopState, chunk: torch.Tensor) -> torch.Tensor:
         llm = self.llm
         peer = hs.hop.peer
+        if len(chunk) == 1 and hs.pos > 0 and llm.max_step_batch > 1:
+            out = await llm._step_together(self, hs, chunk)
+            if out is not None:
+                return out
         msg = {
             "v": WIRE_VERSION, "op": "forward", "model": llm.model_hash, "span": [hs.hop.start, hs.hop.end],
             "session": self.id, "pos": hs.pos, "max_length": self.max_length, "hidden": pack_tensor(chunk),
@@ -734,6 +834,39 @@ class InferenceSession:
             llm.rtt[peer] = dt if old is None else 0.8 * old + 0.2 * dt
         hs.pos += len(chunk)
         return out
+
+
+async def _settle(count: Callable[[], int], max_ticks: int = 8) -> None:
+    """Yield to the scheduler until a tick passes in which ``count()`` does
+    not grow (at least two ticks, at most ``max_ticks``).
+
+    Tasks woken together by one answer run in the next scheduler batch in a
+    random order; one tick is not enough for all of them to reach the queue
+    before the one that leads reads it."""
+    n = count()
+    for i in range(max_ticks):
+        await trio.sleep(0)
+        m = count()
+        if m == n and i >= 1:
+            return
+        n = m
+
+
+@dataclass(eq=False)
+class _StepItem:
+    sess: "InferenceSession"
+    hs: "_HopState"
+    x: torch.Tensor  # (1, hidden)
+    out: torch.Tensor | None = None
+    failed: "_HopFailed | None" = None
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _StepQueue:
+    items: list[_StepItem] = field(default_factory=list)
+    busy: bool = False
+    changed: trio.Event = field(default_factory=trio.Event)
 
 
 class _Resync(Exception):

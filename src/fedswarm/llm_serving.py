@@ -5,31 +5,8 @@ that together cover every block (see ``fedswarm.llm_client``). Each peer keeps
 one KV cache per (client, session) and batches the decode steps of concurrent
 sessions.
 
-Wire protocol ``/fedswarm/llm/1.0.0``
--------------------------------------
-One request frame, one response frame, both strict msgpack maps (no ext
-types, bounded sizes, unknown keys refused, never any object deserialisation).
-Tensors travel as ``{"dtype": "float32"|"bfloat16"|"float16", "shape": [..],
-"data": <raw little-endian bytes>}``.
-
-Requests (``"v": 1`` in all):
-
-* ``{"op": "forward", "model": HASH, "span": [A, B], "session": <16 bytes>,
-  "pos": P, "max_length": M, "hidden": TENSOR(T, hidden_size)}`` runs the
-  span on ``T`` new positions ``P .. P+T-1`` of a session. The session is
-  created when unknown and ``P == 0`` (with a cache of ``M`` positions). If
-  the server's cache is longer than ``P`` it is rolled back to ``P`` (a
-  client retrying a step); if it is shorter the answer is ``pos-mismatch``
-  with the server's ``length``; an unknown session with ``P > 0`` gives
-  ``unknown-session`` (expired, or the peer restarted): the client replays.
-  Answer: ``{"ok": true, "hidden": TENSOR(T, hidden_size), "length": P+T}``.
-* ``{"op": "close", "model": HASH, "session": <16 bytes>}`` frees a session.
-* ``{"op": "info"}``: model hash, span, limits and counters.
-
-Errors are answers, never crashes: ``{"ok": false, "error": CODE, "detail":
-TEXT}`` with CODE one of ``bad-request``, ``wrong-model``, ``wrong-span``,
-``too-large``, ``full``, ``busy``, ``pos-mismatch``, ``unknown-session``,
-``internal``.
+The wire protocol (``/fedswarm/llm/1.0.0``: ``forward``, ``step``, ``close``,
+``info``) lives in ``fedswarm.llm_protocol``, shared with the client.
 
 Sessions are keyed by (transport-authenticated sender, session id), so a
 client can touch only its own. They expire after ``idle_timeout_s`` without a
@@ -47,7 +24,6 @@ the next batch.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import statistics
 import time
@@ -55,10 +31,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import msgpack
 import torch
 import trio
 
+from .llm_protocol import (
+    MAX_FRAME,
+    OP_KEYS,
+    PROTOCOL,
+    SESSION_ID_BYTES,
+    WIRE_VERSION,
+    WireError,
+    decode,
+    elem_bytes,
+    encode,
+    get_field,
+    pack_tensor,
+    unpack_tensor,
+)
 from .tasks.checkpoint import load_block_span, load_config, model_hash
 from .tasks.llama import DTYPES, KVCache, LlamaBlockSpan
 
@@ -79,97 +68,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("fedswarm.llm")
-
-PROTOCOL = "/fedswarm/llm/1.0.0"
-WIRE_VERSION = 1
-SESSION_ID_BYTES = 16
-MAX_FRAME = 4 * 1024 * 1024
-WIRE_DTYPES = ("float32", "bfloat16", "float16")
-_ELEM = {"float32": 4, "bfloat16": 2, "float16": 2}
-ERROR_CODES = (
-    "bad-request", "wrong-model", "wrong-span", "too-large", "full", "busy",
-    "pos-mismatch", "unknown-session", "internal",
-)
-
-
-class WireError(Exception):
-    """A message broke the wire rules; ``code`` is the error code to answer."""
-
-    def __init__(self, code: str, detail: str = "") -> None:
-        super().__init__(f"{code}: {detail}" if detail else code)
-        self.code = code
-        self.detail = detail
-
-
-# ----------------------------------------------------------------- codec
-
-def encode(msg: dict[str, Any]) -> bytes:
-    return msgpack.packb(msg, use_bin_type=True)
-
-
-def decode(data: bytes, *, max_bytes: int = MAX_FRAME) -> dict[str, Any]:
-    """Strict msgpack map decode (bounded sizes, no ext types, str keys)."""
-    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) > max_bytes:
-        raise WireError("too-large", "frame too large")
-    try:
-        msg = msgpack.unpackb(
-            bytes(data), raw=False, strict_map_key=True, use_list=True,
-            max_bin_len=max_bytes, max_str_len=4096, max_array_len=64, max_map_len=32, max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises a zoo of exception types
-        raise WireError("bad-request", f"not strict msgpack: {type(exc).__name__}") from None
-    if type(msg) is not dict:
-        raise WireError("bad-request", "message is not a map")
-    return msg
-
-
-def pack_tensor(t: torch.Tensor) -> dict[str, Any]:
-    name = {v: k for k, v in DTYPES.items()}.get(t.dtype)
-    if name not in WIRE_DTYPES:
-        raise ValueError(f"dtype {t.dtype} cannot travel")
-    t = t.detach().to("cpu").contiguous()
-    return {"dtype": name, "shape": list(t.shape), "data": t.view(torch.uint8).numpy().tobytes()}
-
-
-def unpack_tensor(v: Any, *, max_ndim: int = 4, max_bytes: int = MAX_FRAME) -> torch.Tensor:
-    if type(v) is not dict or set(v) != {"dtype", "shape", "data"}:
-        raise WireError("bad-request", "tensor must be {dtype, shape, data}")
-    dt, shape, data = v["dtype"], v["shape"], v["data"]
-    if dt not in WIRE_DTYPES:
-        raise WireError("bad-request", f"dtype must be one of {WIRE_DTYPES}")
-    if type(shape) is not list or not 1 <= len(shape) <= max_ndim or any(
-        type(s) is not int or not 0 <= s <= (1 << 24) for s in shape
-    ):
-        raise WireError("bad-request", "bad tensor shape")
-    if type(data) is not bytes:
-        raise WireError("bad-request", "tensor data must be bytes")
-    n = math.prod(shape) * _ELEM[dt]
-    if n > max_bytes:
-        raise WireError("too-large", "tensor too large")
-    if n != len(data):
-        raise WireError("bad-request", f"tensor data is {len(data)} bytes, shape needs {n}")
-    if n == 0:
-        return torch.empty(shape, dtype=DTYPES[dt])
-    return torch.frombuffer(bytearray(data), dtype=DTYPES[dt]).reshape(shape)
-
-
-def _field(msg: dict[str, Any], key: str, typ: type, *, lo: int | None = None, hi: int | None = None) -> Any:
-    if key not in msg:
-        raise WireError("bad-request", f"missing {key!r}")
-    v = msg[key]
-    if type(v) is not typ:
-        raise WireError("bad-request", f"{key!r} must be {typ.__name__}")
-    if typ is int and ((lo is not None and v < lo) or (hi is not None and v > hi)):
-        raise WireError("bad-request", f"{key!r} out of range")
-    return v
-
-
-_OP_KEYS = {
-    "forward": {"v", "op", "model", "span", "session", "pos", "max_length", "hidden"},
-    "close": {"v", "op", "model", "session"},
-    "info": {"v", "op"},
-}
-
 
 # ----------------------------------------------------------------- server
 
@@ -205,6 +103,7 @@ class _Item:
 @dataclass
 class ServerStats:
     requests: int = 0
+    step_requests: int = 0  # multi-session ``step`` requests answered
     errors: int = 0
     forwards: int = 0  # forward calls on the span (batches)
     steps: int = 0  # session steps computed
@@ -246,7 +145,7 @@ class BlockServer:
         elem = span.new_cache(1).k.element_size()
         self._cache_bytes_per_pos = 2 * span.num_layers * cfg.num_key_value_heads * cfg.head_dim * elem
         # a request and its answer must fit in a frame (with room for the envelope)
-        fit = (max_frame - 4096) // (self.hidden_size * _ELEM[self.dtype_name])
+        fit = (max_frame - 4096) // (self.hidden_size * elem_bytes(self.dtype_name))
         self.max_tokens = max(1, min(self.limits.max_tokens_per_request, fit))
         self.sessions: dict[tuple[str, bytes], _Session] = {}
         self.cache_bytes = 0
@@ -310,6 +209,12 @@ class BlockServer:
         self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
         return encode({"ok": False, "error": code, "detail": detail[:300], **extra})
 
+    def _refuse(self, code: str, index: int, detail: str, **extra: Any) -> dict[str, Any]:
+        """A ``step`` refused because of its ``index``-th session (counted as an error)."""
+        self.stats.errors += 1
+        self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
+        return {"ok": False, "error": code, "index": index, "detail": detail, **extra}
+
     def _free(self, key: tuple[str, bytes]) -> None:
         s = self.sessions.pop(key, None)
         if s is not None:
@@ -320,19 +225,21 @@ class BlockServer:
         if msg.get("v") != WIRE_VERSION:
             raise WireError("bad-request", f"unsupported version {msg.get('v')!r}")
         op = msg.get("op")
-        if op not in _OP_KEYS:
+        if op not in OP_KEYS:
             raise WireError("bad-request", f"unknown op {op!r}")
-        extra = set(msg) - _OP_KEYS[op]
-        missing = _OP_KEYS[op] - set(msg)
+        extra = set(msg) - OP_KEYS[op]
+        missing = OP_KEYS[op] - set(msg)
         if extra or missing:
             raise WireError("bad-request", f"bad keys for {op}: extra {sorted(extra)} missing {sorted(missing)}")
         now = self.clock()
         self.expire(now)
         if op == "info":
             return {"ok": True, **self.info()}
-        if _field(msg, "model", str) != self.model_hash:
+        if get_field(msg, "model", str) != self.model_hash:
             raise WireError("wrong-model", f"this peer serves model {self.model_hash}")
-        sid = _field(msg, "session", bytes)
+        if op == "step":
+            return await self._step(sender, msg, now)
+        sid = get_field(msg, "session", bytes)
         if len(sid) != SESSION_ID_BYTES:
             raise WireError("bad-request", f"session id must be {SESSION_ID_BYTES} bytes")
         key = (sender, sid)
@@ -345,11 +252,11 @@ class BlockServer:
         return await self._forward(key, msg, now)
 
     async def _forward(self, key: tuple[str, bytes], msg: dict[str, Any], now: float) -> dict[str, Any]:
-        span = _field(msg, "span", list)
+        span = get_field(msg, "span", list)
         if span != [self.start, self.end]:
             raise WireError("wrong-span", f"this peer serves blocks [{self.start}, {self.end})")
-        pos = _field(msg, "pos", int, lo=0, hi=1 << 24)
-        max_length = _field(msg, "max_length", int, lo=1, hi=1 << 24)
+        pos = get_field(msg, "pos", int, lo=0, hi=1 << 24)
+        max_length = get_field(msg, "max_length", int, lo=1, hi=1 << 24)
         hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
         if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
             raise WireError("bad-request", f"hidden must be (tokens, {self.hidden_size})")
@@ -401,10 +308,77 @@ class BlockServer:
         return {"ok": True, "hidden": {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result},
                 "length": s.cache.length}
 
-    async def _run(self, item: _Item) -> None:
-        self._pending.append(item)
+    async def _step(self, sender: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        """``step``: one decode position for each of N open sessions of
+        ``sender``, in one batch. Every session is checked before any cache
+        moves (all or nothing)."""
+        span = get_field(msg, "span", list)
+        if span != [self.start, self.end]:
+            raise WireError("wrong-span", f"this peer serves blocks [{self.start}, {self.end})")
+        sids, poss, lens = (get_field(msg, k, list) for k in ("sessions", "pos", "max_length"))
+        n = len(sids)
+        if not 1 <= n <= self.limits.max_batch:
+            raise WireError("too-large", f"1..{self.limits.max_batch} sessions per step")
+        if len(poss) != n or len(lens) != n:
+            raise WireError("bad-request", "sessions, pos and max_length differ in length")
+        if len(set(sids)) != n:
+            raise WireError("bad-request", "a session appears twice in one step")
+        hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
+        if tuple(hidden.shape) != (n, self.hidden_size):
+            raise WireError("bad-request", f"hidden must be ({n}, {self.hidden_size})")
+        if not torch.isfinite(hidden).all():
+            raise WireError("bad-request", "hidden holds non-finite values")
+        sessions: list[_Session] = []
+        for i, (sid, pos, ml) in enumerate(zip(sids, poss, lens)):
+            if type(sid) is not bytes or len(sid) != SESSION_ID_BYTES:
+                raise WireError("bad-request", f"session id must be {SESSION_ID_BYTES} bytes (index {i})")
+            if type(pos) is not int or type(ml) is not int or not 0 <= pos < (1 << 24) or not 1 <= ml < (1 << 24):
+                raise WireError("bad-request", f"pos and max_length must be small non-negative ints (index {i})")
+            s = self.sessions.get((sender, sid))
+            if s is None:
+                return self._refuse("unknown-session", i, "no such session (expired?): replay from position 0")
+            if s.busy:
+                return self._refuse("busy", i, "a step of this session is running")
+            if pos > s.cache.length:
+                return self._refuse("pos-mismatch", i, "server is behind", length=s.cache.length)
+            if pos + 1 > s.cache.max_length:
+                return self._refuse("too-large", i, f"session length {s.cache.max_length} exceeded")
+            sessions.append(s)
+        hidden = hidden.to(self.span.dtype)
+        items = []
+        for i, (s, pos) in enumerate(zip(sessions, poss)):
+            s.cache.truncate(pos)
+            s.last_used = now
+            s.busy = True
+            items.append(_Item(s, hidden[i : i + 1]))
+        t0 = time.perf_counter()
         try:
-            while item.result is None and item.error is None:
+            await self._run(*items)
+        finally:
+            for s in sessions:
+                s.busy = False
+                s.last_used = self.clock()
+        bad = next((it.error for it in items if it.error is not None), None)
+        if bad is not None:
+            raise WireError("internal", bad)
+        self.stats.tokens += n
+        self.stats.step_requests += 1
+        took = time.perf_counter() - t0
+        for fn in self.observers:
+            try:
+                fn(n, took, max(it.batch for it in items))
+            except Exception:  # an observer's bug must not fail the request
+                log.exception("observer failed")
+        data = b"".join(it.result or b"" for it in items)
+        return {"ok": True, "hidden": {"dtype": self.dtype_name, "shape": [n, self.hidden_size], "data": data},
+                "length": [s.cache.length for s in sessions]}
+
+    async def _run(self, *items: _Item) -> None:
+        """Queue ``items`` for the next forward and wait until each is computed
+        (the caller that finds no forward running computes one batch)."""
+        self._pending.extend(items)
+        try:
+            while any(it.result is None and it.error is None for it in items):
                 if self._running:
                     await self._changed.wait()
                     continue
@@ -417,8 +391,9 @@ class BlockServer:
                     ev, self._changed = self._changed, trio.Event()
                     ev.set()
         finally:
-            if item in self._pending:  # cancelled while queued
-                self._pending.remove(item)
+            for it in items:
+                if it in self._pending:  # cancelled while queued
+                    self._pending.remove(it)
 
     def _take(self) -> list[_Item]:
         t = self._pending[0].hidden.shape[0]

@@ -106,8 +106,40 @@ def test_concurrent_sessions_are_batched_and_exact(gqa_dir):
             assert results == one_at_a_time == refs
             assert max(srv.stats.max_batch for srv in s.servers) >= 2
             assert sum(srv.stats.batched_steps for srv in s.servers) >= 2
+            # the decode steps travelled together: multi-session step requests to both peers
+            assert all(srv.stats.step_requests >= 1 for srv in s.servers)
+            assert s.llm.step_batches["requests"] >= 2 and s.llm.step_batches["fallbacks"] == 0
             info = await s.llm.info(s.peer_ids[0])
             assert info["stats"]["max_batch"] == s.servers[0].stats.max_batch
+
+    trio.run(main)
+
+
+def test_refused_step_batch_falls_back_and_stays_exact(tiny_dir):
+    """A peer that lost the sessions of a step batch refuses it; each session
+    then resyncs on its own (replaying its cache) and the tokens are exact."""
+    prompts = [PROMPT, PROMPT[:5], PROMPT[2:]]
+    refs = [local_greedy(tiny_dir, p, N_NEW) for p in prompts]
+
+    async def main():
+        async with memory_swarm(tiny_dir, ["0:2", "2:4"]) as s:
+            await s.llm.wait_route()
+            results = [None] * len(prompts)
+
+            def on_token(i, tok):
+                if i == 4:  # the second peer forgets everyone's session
+                    for k in list(s.servers[1].sessions):
+                        s.servers[1]._free(k)
+
+            async def run(i):
+                results[i] = (await s.llm.generate(prompts[i], N_NEW, on_token=on_token if i == 0 else None)).token_ids
+
+            async with trio.open_nursery() as n:
+                for i in range(len(prompts)):
+                    n.start_soon(run, i)
+            assert results == refs
+            assert s.llm.step_batches["fallbacks"] >= 2
+            assert s.servers[1].stats.by_error.get("unknown-session", 0) >= 1
 
     trio.run(main)
 
