@@ -36,3 +36,30 @@ def test_no_pickle_anywhere() -> None:
         if "import pickle" in text or "pickle.load" in text or "weights_only=False" in text:
             offenders.append(str(p.relative_to(ROOT)))
     assert offenders == []
+
+
+CLIENT_SIDE = ("fedswarm.client", "fedswarm.llm_client", "fedswarm.api", "fedswarm.llm_cli")
+SERVER_SIDE = ("fedswarm.llm_serving", "fedswarm.daemon", "fedswarm.metrics", "fedswarm.runtime.executor")
+
+
+def test_client_side_never_imports_the_server_side() -> None:
+    """The client library, the LLM client, the API server and the client
+    commands speak the shared protocol modules; none of them loads (even
+    lazily, in a function) the serving peer's modules."""
+    code = (
+        "import sys, importlib;"
+        f"[importlib.import_module(m) for m in {CLIENT_SIDE!r}];"
+        f"print(','.join(m for m in {SERVER_SIDE!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"client side loaded {out.stdout.strip()}"
+    offenders = []
+    for mod in CLIENT_SIDE:
+        path = ROOT / "src" / (mod.replace(".", "/") + ".py")
+        for line in path.read_text().splitlines():
+            s = line.strip()
+            if s.startswith(("from ", "import ")) and any(
+                f".{srv.rsplit('.', 1)[1]} import" in s or srv in s for srv in SERVER_SIDE
+            ):
+                offenders.append(f"{mod}: {s}")
+    assert offenders == []

@@ -513,7 +513,7 @@ def _cmd_api(a: argparse.Namespace) -> int:
 
         torch.set_num_threads(a.torch_threads)
     try:
-        from .daemon import quiet_libraries
+        from .net.quiet import quiet_libraries
 
         quiet_libraries()
     except ImportError:

@@ -637,7 +637,7 @@ async def _submit_swarm(a: argparse.Namespace, req: Any, sink: _Sink) -> str:
     from .client import open_swarm_client
     from .core.config import ClientConfig
     from .core.identity import Identity, load_or_create_key
-    from .daemon import quiet_libraries
+    from .net.quiet import quiet_libraries
     from .net import libp2p as _libp2p  # noqa: F401  (import cost kept out of the timing below)
 
     quiet_libraries()
@@ -864,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"peer {a.cmd}"
     try:
         if a.cmd == "generate":  # py-libp2p logs every failed dial as an error
-            from .daemon import quiet_libraries
+            from .net.quiet import quiet_libraries
 
             quiet_libraries()
         return int(a.func(a) or 0)

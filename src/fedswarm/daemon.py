@@ -39,6 +39,7 @@ from .core.identity import Identity, load_or_create_key
 from .core.peer import PeerCore
 from .core.wire import unpack_params
 from .errors import FederationError, InputError
+from .net.quiet import quiet_libraries
 from .profiles import load_profile
 from .runtime.agent import Agent
 
@@ -515,14 +516,3 @@ def setup_logging(fmt: str = "json", level: str = "info") -> None:
     root.setLevel(level.upper())
     # quiet_libraries() (it imports py-libp2p, ~1.5 s) runs once the checks passed
 
-
-def quiet_libraries() -> None:
-    """py-libp2p logs every failed dial as an error; fedswarm maps those to
-    ``PeerUnreachable`` and counts them, so the library's own log is muted.
-
-    py-libp2p resets its logger when first imported, so import it first.
-    """
-    import libp2p  # noqa: F401
-
-    for noisy in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)

@@ -300,7 +300,7 @@ def _set_threads(a: argparse.Namespace) -> None:
 
         torch.set_num_threads(a.torch_threads)
     try:
-        from .daemon import quiet_libraries
+        from .net.quiet import quiet_libraries
     except ImportError:
         return
     quiet_libraries()
