@@ -24,6 +24,21 @@ window ``[start, start + window)``:
   get ``deadline_s = --deadline-factor x`` their run time alone (chains: all
   rounds back to back); Philly records no deadlines.
 
+Gavel (``python -m netsim.traces gavel --in T.csv|T.trace --out x.csv``):
+Gavel's own job lists, either the ``.csv`` written beside a generated trace
+(``job_id, arrival_s, job_type, scale_factor, total_steps, duration_{v100,p100,k80}_s, ...``)
+or a ``.trace`` file (tab-separated, 10 columns) with Gavel's measured
+throughputs (``--throughputs``; a job's run time on ``scale_factor`` GPUs of
+type ``w`` is ``total_steps / thr[w][(job_type, scale_factor)]``). Per job:
+
+* one tenant per job (``tenant = job_id``), as Gavel's per-job fairness;
+* ``--gpu`` (default ``v100``) names the trace's reference device: its run
+  times are taken as reference seconds (a scenario then gives its peers
+  throughput 1.0 to run at the trace's speed);
+* a job is a ``chain`` of rounds of about ``--round-s`` (360 s: Gavel leases
+  GPUs in 6-minute rounds), no cap on their number; ``gpus_per_shard`` is
+  its ``scale_factor`` (a gang); no deadlines (``SLO`` -1) unless given.
+
 ``--copies K`` (weak scaling) overlays K copies of the window, each with its
 own tenants (``T~i``) and job ids (``J~i``), copy i shifted by ``i *
 --copy-offset`` seconds: K times the load for a swarm K times as large, with
@@ -35,6 +50,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import json
 import math
 import sys
 from collections import Counter
@@ -45,7 +61,7 @@ from dataclasses import replace
 
 from .workload import TraceJob, write_trace
 
-__all__ = ["convert_philly", "replicate", "main"]
+__all__ = ["convert_philly", "convert_gavel", "replicate", "main"]
 
 
 def _frac(key: str) -> float:
@@ -114,6 +130,76 @@ def convert_philly(
     return out
 
 
+GAVEL_GPUS = ("v100", "p100", "k80")
+
+
+def _gavel_rows(path: Path, gpu: str, throughputs: str | Path | None) -> list[tuple[str, float, int, float, float]]:
+    """(job id, arrival s, scale factor, run s on ``gpu``, priority weight) per job."""
+    out = []
+    if path.suffix == ".csv":
+        with path.open(newline="") as f:
+            for i, r in enumerate(csv.DictReader(f)):
+                try:
+                    out.append((r["job_id"].strip(), float(r["arrival_s"]), int(r["scale_factor"]),
+                                float(r[f"duration_{gpu}_s"]), float(r.get("priority_weight") or 1.0)))
+                except (KeyError, ValueError) as exc:
+                    raise ValueError(f"{path}:{i + 2}: bad Gavel row: {exc!r}") from None
+        return out
+    if throughputs is None:
+        tp = path.parent.parent / "throughputs" / "physical_cluster_throughputs.json"
+    else:
+        tp = Path(throughputs)
+    try:
+        thr = json.loads(tp.read_text())[gpu]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{tp}: no {gpu} throughputs ({exc!r}); pass --throughputs") from None
+    with path.open() as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) != 10:
+                raise ValueError(f"{path}:{i + 1}: a Gavel .trace line has 10 tab-separated columns, not {len(cols)}")
+            try:
+                job_type, steps, scale = cols[0], int(cols[5]), int(cols[6])
+                weight, arrival = float(cols[7]), float(cols[9])
+                rate = float(thr[str((job_type, scale))]["null"])
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"{path}:{i + 1}: bad Gavel line: {exc!r}") from None
+            out.append((str(len(out)), arrival, scale, steps / rate, weight))
+    return out
+
+
+def convert_gavel(
+    path: str | Path,
+    *,
+    gpu: str = "v100",
+    round_s: float = 360.0,
+    throughputs: str | Path | None = None,
+    time_scale: float = 1.0,
+    max_jobs: int = 0,
+) -> list[TraceJob]:
+    """Gavel's trace as netsim jobs: one tenant per job, chains of ``round_s`` rounds."""
+    if gpu not in GAVEL_GPUS:
+        raise ValueError(f"--gpu: one of {', '.join(GAVEL_GPUS)}")
+    if round_s <= 0 or time_scale <= 0:
+        raise ValueError("--round-s and --time-scale must be > 0")
+    rows = _gavel_rows(Path(path), gpu, throughputs)
+    if max_jobs:
+        rows = rows[:max_jobs]
+    out: list[TraceJob] = []
+    for jid, arrival, scale, run, weight in rows:
+        if scale < 1 or not run > 0:
+            raise ValueError(f"{path}: job {jid}: scale factor {scale}, run time {run}")
+        run /= time_scale
+        rounds = max(int(math.ceil(run / round_s - 1e-9)), 1)
+        job = f"gavel-{jid}"
+        out.append(TraceJob(job, job, round(arrival / time_scale, 3), rounds, scale, round(run / rounds, 3),
+                            None, weight, "chain" if rounds > 1 else "bag"))
+    out.sort(key=lambda j: (j.arrival_s, j.job_id))
+    return out
+
+
 def replicate(jobs: list[TraceJob], copies: int, offset_s: float = 7.0) -> list[TraceJob]:
     """``copies`` overlaid copies of a workload with distinct tenants and ids."""
     if copies < 1:
@@ -151,22 +237,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lam", type=float, default=0.0, help="every job's weight of joules against seconds")
     p.add_argument("--copies", type=int, default=1, help="overlay this many copies with their own tenants (weak scaling)")
     p.add_argument("--copy-offset", type=float, default=7.0, help="seconds between the copies' arrivals")
+    g = sub.add_parser("gavel", help="Gavel trace (.csv beside a generated trace, or .trace + throughputs)")
+    g.add_argument("--in", dest="src", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--gpu", default="v100", choices=GAVEL_GPUS, help="the trace's device taken as reference speed")
+    g.add_argument("--round-s", type=float, default=360.0, help="round (lease) length; longer jobs become chains")
+    g.add_argument("--throughputs", help="Gavel's throughputs JSON (for a .trace)")
+    g.add_argument("--time-scale", type=float, default=1.0, help="divide arrivals and durations by this")
+    g.add_argument("--max-jobs", type=int, default=0)
+    g.add_argument("--copies", type=int, default=1, help="overlay this many copies with their own tenants")
+    g.add_argument("--copy-offset", type=float, default=7.0, help="seconds between the copies' arrivals")
     a = ap.parse_args(argv)
     try:
-        jobs = convert_philly(a.src, start=a.start, window_h=a.window_h, tenants=a.tenants,
-                              tenants_from=a.tenants_from, time_scale=a.time_scale, speedup=a.speedup,
-                              round_s=a.round_s, max_rounds=a.max_rounds, max_gpus=a.max_gpus,
-                              min_duration_s=a.min_duration, deadline_frac=a.deadline_frac,
-                              deadline_factor=a.deadline_factor, max_jobs=a.max_jobs, lam=a.lam)
+        if a.fmt == "gavel":
+            jobs = convert_gavel(a.src, gpu=a.gpu, round_s=a.round_s, throughputs=a.throughputs,
+                                 time_scale=a.time_scale, max_jobs=a.max_jobs)
+        else:
+            jobs = convert_philly(a.src, start=a.start, window_h=a.window_h, tenants=a.tenants,
+                                  tenants_from=a.tenants_from, time_scale=a.time_scale, speedup=a.speedup,
+                                  round_s=a.round_s, max_rounds=a.max_rounds, max_gpus=a.max_gpus,
+                                  min_duration_s=a.min_duration, deadline_frac=a.deadline_frac,
+                                  deadline_factor=a.deadline_factor, max_jobs=a.max_jobs, lam=a.lam)
         jobs = replicate(jobs, a.copies, a.copy_offset)
     except (OSError, ValueError) as exc:
         print(f"netsim.traces: error: {exc}", file=sys.stderr)
         return 2
     write_trace(a.out, jobs)
     tally = Counter(j.tenant for j in jobs)
+    tenants = f"{len(tally)} tenants" if len(tally) > 12 else f"tenants {dict(sorted(tally.items()))}"
     print(f"{len(jobs)} jobs, {sum(j.shards for j in jobs)} shards, "
-          f"{sum(j.shards * j.gpus_per_shard * j.duration_s for j in jobs) / 3600:.1f} A100-hours; "
-          f"tenants {dict(sorted(tally.items()))}", file=sys.stderr)
+          f"{sum(j.shards * j.gpus_per_shard * j.duration_s for j in jobs) / 3600:.1f} reference GPU-hours; "
+          f"{tenants}", file=sys.stderr)
     return 0
 
 

@@ -69,3 +69,41 @@ def test_generate_deterministic_and_roundtrip(tmp_path):
     assert read_trace(f) == a
     with pytest.raises(TraceError, match="unknown key"):
         generate([{**tenants[1], "colour": 1}], random.Random(0))
+
+
+GAVEL_CSV = """job_id,arrival_s,job_type,scale_factor,total_steps,duration_v100_s,duration_p100_s,duration_k80_s,thr_v100,thr_p100,thr_k80,priority_weight
+0,0.000,ResNet-18 (batch size 64),8,100,1000.0,2000.0,4000.0,0.1,0.05,0.025,1.0
+1,10.5,Transformer (batch size 16),1,100,300.0,400.0,900.0,1,1,1,2.0
+"""
+
+
+def test_gavel_csv_one_tenant_per_job_chains_of_rounds(tmp_path):
+    from netsim.traces import convert_gavel, main
+
+    src = tmp_path / "g.csv"
+    src.write_text(GAVEL_CSV)
+    jobs = convert_gavel(src)
+    assert [(j.job_id, j.tenant, j.kind, j.shards, j.gpus_per_shard, j.weight) for j in jobs] == [
+        ("gavel-0", "gavel-0", "chain", 3, 8, 1.0),  # 1000 s in rounds of <= 360 s
+        ("gavel-1", "gavel-1", "bag", 1, 1, 2.0),
+    ]
+    assert jobs[0].duration_s == pytest.approx(1000 / 3, abs=1e-3)
+    assert jobs[1].arrival_s == 10.5 and jobs[1].deadline_s is None
+    assert [j.shards for j in convert_gavel(src, gpu="k80")] == [12, 3]  # k80 seconds as reference
+    out = tmp_path / "out.csv"
+    assert main(["gavel", "--in", str(src), "--out", str(out)]) == 0
+    assert read_trace(out) == jobs
+
+
+def test_gavel_trace_uses_throughputs_and_matches_its_csv(tmp_path):
+    from netsim.traces import convert_gavel
+
+    cols = ["Transformer (batch size 16)", "python3 train.py", "translation", "-step", "1", "720", "2", "1", "-1", "5.0"]
+    (tmp_path / "t.trace").write_text("\t".join(cols) + "\n")
+    thr = tmp_path / "thr.json"
+    thr.write_text('{"v100": {"(\'Transformer (batch size 16)\', 2)": {"null": 1.0}}}')
+    [j] = convert_gavel(tmp_path / "t.trace", throughputs=thr)
+    assert (j.arrival_s, j.shards, j.gpus_per_shard, j.duration_s, j.kind) == (5.0, 2, 2, 360.0, "chain")
+    (tmp_path / "bad.trace").write_text("a\tb\n")
+    with pytest.raises(ValueError, match="10 tab-separated"):
+        convert_gavel(tmp_path / "bad.trace", throughputs=thr)

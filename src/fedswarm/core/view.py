@@ -264,6 +264,12 @@ class View:
             seen.add(p)
         peers = self.peers()
         want = min(k, len(peers))
+        if len(peers) <= 2 * k:
+            # a small view: sample the eligible rest exactly, instead of up
+            # to 4k blind draws of which most miss (a pull asks for 255)
+            pool = [p for p in peers if p not in seen and ok(p)]
+            chosen.extend(rng.sample(pool, min(want - len(chosen), len(pool))) if len(chosen) < want else ())
+            return [self._entries[p] for p in chosen]
         tries = 0
         while len(chosen) < want and tries < 4 * k:
             tries += 1
