@@ -1,5 +1,10 @@
 """Libp2pTransport on 127.0.0.1: real py-libp2p hosts inside one trio run.
 
+What only this transport does (libp2p keys, stream reuse and pooling, the
+peerstore, the DHT, a peer's refusal of an oversize frame, gossipsub's
+settings). What every transport does is in test_transport_contract.py, run
+against this one too.
+
 No fixed sleeps for readiness: conditions are polled with a short tick under
 a ``trio.fail_after`` bound.
 """
@@ -49,36 +54,30 @@ def test_peer_id_matches_identity_and_libp2p_key() -> None:
 
     async def main() -> None:
         async with open_libp2p_transport(ident) as t:
-            assert t.peer_id == ident.peer_id
             assert t.host.get_id().to_base58() == ident.peer_id
             [addr] = t.listen_addrs()
             assert addr.startswith("/ip4/127.0.0.1/tcp/")
-            assert addr.endswith(f"/p2p/{ident.peer_id}")
 
     trio.run(main)
 
 
-def test_send_sender_and_stream_reuse() -> None:
+def test_send_reuses_one_stream_each_way() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
             a, b = await _open(stack, 2)
-            assert await a.connect(b.listen_addrs()[0]) == b.peer_id
-            assert a.connected_peers() == [b.peer_id]
-            await _until(lambda: b.connected_peers() == [a.peer_id])
+            await a.connect(b.listen_addrs()[0])
             for i in range(50):
                 await a.send(b.peer_id, b"msg-%d" % i)
             for i in range(50):
                 with trio.fail_after(5):
-                    got = await b.receive()
-                assert got == Incoming("direct", a.peer_id, b"msg-%d" % i)
-            sa, sb = a.statistics(), b.statistics()
-            assert sa.direct_streams_opened == 1 and sa.frames_out == 50
-            assert sb.direct_streams_accepted == 1 and sb.frames_in == 50
-            assert sb.bytes_in == sa.bytes_out == sum(len(b"msg-%d" % i) for i in range(50))
-            # reply path reuses b's own single outbound stream
+                    await b.receive()
+            assert a.statistics().direct_streams_opened == 1
+            assert b.statistics().direct_streams_accepted == 1
+            # the reply goes over b's own single outbound stream
             await b.send(a.peer_id, b"pong")
             with trio.fail_after(5):
-                assert await a.receive() == Incoming("direct", b.peer_id, b"pong")
+                await a.receive()
+            assert b.statistics().direct_streams_opened == 1
 
     trio.run(main)
 
@@ -120,17 +119,15 @@ def test_dht_finds_address_of_unknown_peer() -> None:
     trio.run(main)
 
 
-def test_request_response_reuse_and_concurrency() -> None:
+def test_request_streams_are_pooled() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
             a, b = await _open(stack, 2)
             b.set_request_handler(ECHO, _echo)
             await a.connect(b.listen_addrs()[0])
             for i in range(30):
-                resp = await a.request(b.peer_id, ECHO, b"r%d" % i, timeout=5)
-                assert resp == a.peer_id.encode()[:8] + b"r%d" % i
+                await a.request(b.peer_id, ECHO, b"r%d" % i, timeout=5)
             assert a.statistics().request_streams_opened == 1  # one pooled stream
-            assert b.statistics().requests_in == 30
 
             arrived = 0
             all_in = trio.Event()
@@ -141,56 +138,39 @@ def test_request_response_reuse_and_concurrency() -> None:
                 if arrived == 8:
                     all_in.set()
                 await all_in.wait()  # only completes if 8 requests are in flight at once
-                return data * 2
+                return data
 
             b.set_request_handler("/fedswarm/gated/1", gated)
-            results: dict[int, bytes] = {}
 
-            async def one(i: int) -> None:
-                results[i] = await a.request(b.peer_id, "/fedswarm/gated/1", b"%03d" % i, timeout=10)
+            async def wave() -> None:
+                async with trio.open_nursery() as n:
+                    for i in range(8):
+                        n.start_soon(lambda i=i: a.request(b.peer_id, "/fedswarm/gated/1", b"%d" % i, timeout=10))
 
-            async with trio.open_nursery() as n:
-                for i in range(8):
-                    n.start_soon(one, i)
-            assert results == {i: (b"%03d" % i) * 2 for i in range(8)}
+            await wave()
             # idle streams are pooled: a second concurrent wave opens no new stream
             before = a.statistics().request_streams_opened
             arrived, all_in = 0, trio.Event()
-            async with trio.open_nursery() as n:
-                for i in range(8):
-                    n.start_soon(one, i)
+            await wave()
             assert a.statistics().request_streams_opened == before
 
     trio.run(main)
 
 
-def test_request_timeout_handler_failure_and_unknown_protocol() -> None:
+def test_request_timeouts_are_counted_and_protocol_names_checked() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
             a, b = await _open(stack, 2)
-            release = trio.Event()
 
             async def slow(sender: str, data: bytes) -> bytes:
-                await release.wait()
-                return b"late"
-
-            async def broken(sender: str, data: bytes) -> bytes:
-                raise RuntimeError("handler bug")
+                await trio.sleep_forever()
+                return b""
 
             b.set_request_handler("/fedswarm/slow/1", slow)
-            b.set_request_handler("/fedswarm/broken/1", broken)
-            b.set_request_handler(ECHO, _echo)
             await a.connect(b.listen_addrs()[0])
             with pytest.raises(TransportTimeout):
                 await a.request(b.peer_id, "/fedswarm/slow/1", b"x", timeout=0.2)
-            release.set()
             assert a.statistics().request_timeouts == 1
-            with pytest.raises(PeerUnreachable):
-                await a.request(b.peer_id, "/fedswarm/broken/1", b"x", timeout=5)
-            with pytest.raises(PeerUnreachable):
-                await a.request(b.peer_id, "/fedswarm/nobody/1", b"x", timeout=5)
-            # the connection is fine afterwards
-            assert await a.request(b.peer_id, ECHO, b"ok", timeout=5) == a.peer_id.encode()[:8] + b"ok"
             with pytest.raises(LocalProtocolError):
                 b.set_request_handler("/other/1", _echo)
 
@@ -231,66 +211,28 @@ def test_oversize_frame_rejected_then_transport_still_works() -> None:
                 await a.request(b.peer_id, ECHO, b"Q" * (100 * 1024), timeout=5)
             assert b.statistics().oversize_rejected == rejected + 1
             assert await a.request(b.peer_id, ECHO, b"q", timeout=5) == a.peer_id.encode()[:8] + b"q"
-            # locally oversize: refused before anything is written
-            with pytest.raises(LocalProtocolError):
-                await b.send(a.peer_id, b"x" * (64 * 1024 + 1))
             assert b.connected_peers() == [a.peer_id]
 
     trio.run(main)
 
 
-def test_pubsub_reaches_other_subscribers_not_self() -> None:
+def test_gossipsub_settings_and_pubsub_counters() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            a, b, c = await _open(stack, 3)
+            a, b = await _open(stack, 2)
             await b.connect(a.listen_addrs()[0])
-            await c.connect(a.listen_addrs()[0])
-            await c.connect(b.listen_addrs()[0])
-            for t in (a, b, c):
+            for t in (a, b):
                 await t.subscribe("fedswarm/test")
-            others = {t.peer_id: {o.peer_id for o in (a, b, c) if o is not t} for t in (a, b, c)}
-            # full mesh among 3 peers (D_low=4 > 2 candidates, so all are grafted)
-            await _until(lambda: all(set(t.mesh_peers("fedswarm/test")) == others[t.peer_id]
-                                     for t in (a, b, c)), bound=10)
-            await a.publish("fedswarm/test", b"hello-mesh")
+            await _until(lambda: a.mesh_peers("fedswarm/test") == [b.peer_id]
+                         and b.mesh_peers("fedswarm/test") == [a.peer_id])
             await b.publish("fedswarm/test", b"from-b")
             with trio.fail_after(5):
-                assert await b.receive() == Incoming("pubsub", a.peer_id, b"hello-mesh", "fedswarm/test")
-            with trio.fail_after(5):  # two publishers: arrival order is not defined
-                got_c = {await c.receive(), await c.receive()}
-            assert got_c == {Incoming("pubsub", a.peer_id, b"hello-mesh", "fedswarm/test"),
-                             Incoming("pubsub", b.peer_id, b"from-b", "fedswarm/test")}
+                await a.receive()
+            await a.publish("fedswarm/test", b"from-a")
             with trio.fail_after(5):
-                got = await a.receive()  # a gets b's message, never its own
-            assert got == Incoming("pubsub", b.peer_id, b"from-b", "fedswarm/test")
-            with trio.move_on_after(0.3):  # nothing else (own publication) arrives
-                extra = await a.receive()
-                raise AssertionError(f"unexpected {extra}")
-            assert a.statistics().pubsub_in == 1 and a.statistics().pubsub_out == 1
+                await b.receive()
+            assert (a.statistics().pubsub_in, a.statistics().pubsub_out) == (1, 1)
             gs = a.gossipsub
             assert (gs.degree, gs.degree_low, gs.degree_high, gs.heartbeat_interval) == (6, 4, 12, 1.0)
-
-    trio.run(main)
-
-
-def test_dead_peer_is_unreachable() -> None:
-    async def main() -> None:
-        async with AsyncExitStack() as stack:
-            (a,) = await _open(stack, 1)
-            ident = Identity.generate()
-            async with open_libp2p_transport(ident) as dead:
-                addrs = dead.listen_addrs()
-                dead.set_request_handler(ECHO, _echo)
-                await a.connect(addrs[0])
-                assert await a.request(ident.peer_id, ECHO, b"hi", timeout=5)
-            # dead is closed now (listener and connections gone)
-            await _until(lambda: ident.peer_id not in a.connected_peers())
-            with pytest.raises((PeerUnreachable, TransportTimeout)):
-                await a.request(ident.peer_id, ECHO, b"hi", timeout=5)
-            with pytest.raises((PeerUnreachable, TransportTimeout)):
-                await a.send(ident.peer_id, b"hi")
-            with pytest.raises((PeerUnreachable, TransportTimeout)):
-                await a.connect(addrs[0])
-            assert a.statistics().send_failures >= 1
 
     trio.run(main)
