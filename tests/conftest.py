@@ -27,6 +27,20 @@ def _torch_threads():
     torch.set_num_threads(2)
 
 
+@pytest.fixture
+def mock_clock():
+    """trio's virtual clock for ``trio.run(main, clock=mock_clock)``.
+
+    ``autojump_threshold=0``: whenever every task is blocked the clock jumps
+    to the next deadline at once, so timeouts of many seconds take no wall
+    time and a test waits for events, never for real seconds. A new clock per
+    test (it keeps its time).
+    """
+    import trio.testing
+
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir():
     from fedswarm.tasks.checkpoint import resolve_model

@@ -1,8 +1,8 @@
 """The trio agent driver over the in-memory transport, in virtual time.
 
-Runs under ``trio.testing.MockClock(autojump_threshold=0)``: whenever every
-task is blocked the clock jumps to the next deadline, so lease timeouts of
-many seconds take no wall time. trio randomises task order, so these tests
+Runs under the ``mock_clock`` fixture (``trio.testing.MockClock(autojump_threshold=0)``):
+whenever every task is blocked the clock jumps to the next deadline, so lease
+timeouts of many seconds take no wall time. trio randomises task order, so these tests
 assert properties (every shard delivered once, correct results), not traces.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import trio
-import trio.testing
+from trio.testing import MockClock
 
 from fedswarm.client import JobRequest, open_client
 from fedswarm.core.config import ClientConfig, PeerConfig
@@ -52,11 +52,7 @@ async def _start_peers(nursery: trio.Nursery, net: MemoryNetwork, n: int, clock:
     return agents
 
 
-def _run(fn) -> None:
-    trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-def test_job_completes_with_one_result_per_shard() -> None:
+def test_job_completes_with_one_result_per_shard(mock_clock: MockClock) -> None:
     async def main() -> None:
         net = MemoryNetwork()
         clock = TrioClock()
@@ -73,10 +69,10 @@ def test_job_completes_with_one_result_per_shard() -> None:
                 assert len({o.peer for o in outs}) >= 2  # the work spread out
             nursery.cancel_scope.cancel()
 
-    _run(main)
+    trio.run(main, clock=mock_clock)
 
 
-def test_crashed_peer_shards_are_reauctioned() -> None:
+def test_crashed_peer_shards_are_reauctioned(mock_clock: MockClock) -> None:
     async def main() -> None:
         net = MemoryNetwork()
         clock = TrioClock()
@@ -100,10 +96,10 @@ def test_crashed_peer_shards_are_reauctioned() -> None:
                 assert client.core.stats["shards_delivered"] == 16
             nursery.cancel_scope.cancel()
 
-    _run(main)
+    trio.run(main, clock=mock_clock)
 
 
-def test_graceful_leave_hands_back_queued_shards() -> None:
+def test_graceful_leave_hands_back_queued_shards(mock_clock: MockClock) -> None:
     async def main() -> None:
         net = MemoryNetwork()
         clock = TrioClock()
@@ -126,4 +122,4 @@ def test_graceful_leave_hands_back_queued_shards() -> None:
                 assert client.core.stats["leases_lapsed"] == 0  # handed back, not lost
             nursery.cancel_scope.cancel()
 
-    _run(main)
+    trio.run(main, clock=mock_clock)
