@@ -4,7 +4,14 @@
 optionally lossy/duplicating network and "runs" shards for their ``run_s``
 in virtual time, with optional lying peers. It is the quick way to test a
 policy or a protocol property in a few lines; netsim does the same at scale
-with a network model, churn and workloads.
+with a network model, churn and workloads::
+
+    s = MiniSwarm(8, seed=1)
+    c = s.add_client()
+    s.step_until(s.now + 10)                     # the view converges
+    jid = s.submit(c, JobRequest("sim", shards=4, work_s=2.0))
+    s.step_until(s.now + 600, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
 """
 
 from __future__ import annotations
@@ -100,6 +107,25 @@ class MiniSwarm:
 
     def node(self, pid: str) -> Any:
         return self.peers.get(pid) or self.clients.get(pid)
+
+    def submit(self, client: ClientCore, req: JobRequest) -> str:
+        """Submit a job from one of this swarm's clients now; its messages go
+        out through the swarm. Returns the job id (a key of ``finished`` once
+        the job ends)."""
+        job_id, effects = client.submit(self.now, req)
+        self.perform(client.id, effects)
+        return job_id
+
+    def cancel(self, client: ClientCore, job_id: str) -> None:
+        """Cancel a client's job now (its holders are told to stop)."""
+        self.perform(client.id, client.cancel(self.now, job_id))
+
+    def perform(self, src: str, effects: list[Any]) -> None:
+        """Carry out effects that node ``src`` returned from a call the swarm
+        did not make itself: messages are sent (through loss, duplication and
+        latency), shard runs scheduled, deliveries and finished jobs recorded.
+        ``step_until`` does this for everything the cores return to it."""
+        self._perform(src, effects)
 
     def _push(self, t: float, action: Any) -> None:
         self.seq += 1
