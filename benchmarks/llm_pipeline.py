@@ -147,20 +147,31 @@ def bench_chain(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
                    "tok_s": statistics.median(r.decode_tokens_per_s for r in runs), "tokens": runs[0].token_ids,
                    "route": runs[0].route}
             if concurrent:
-                outs: list[Any] = [None] * concurrent
+                # N sessions of one SwarmLLM at once, with their decode steps
+                # sent together (the default) and one request per session
+                # step (max_step_batch=1), alternating, in the same swarm
+                single = n_new / statistics.median(r.total_s for r in runs)
+                res["concurrent"] = {"sessions": concurrent, "single_tok_s": single, "together": [], "apart": []}
+                for mode in ("apart", "together", "apart", "together"):
+                    llm.max_step_batch = 32 if mode == "together" else 1
+                    before = [(await llm.info(h["peer"]))["stats"] for h in res["route"]]
+                    outs: list[Any] = [None] * concurrent
 
-                async def one(i: int) -> None:
-                    outs[i] = await llm.generate(prompt, n_new)
+                    async def one(i: int) -> None:
+                        outs[i] = await llm.generate(prompt, n_new)
 
-                t0 = time.perf_counter()
-                async with trio.open_nursery() as n:
-                    for i in range(concurrent):
-                        n.start_soon(one, i)
-                wall = time.perf_counter() - t0
-                res["concurrent"] = {"sessions": concurrent, "agg_tok_s": concurrent * n_new / wall, "wall_s": wall,
-                                     "same_tokens": all(o.token_ids == res["tokens"] for o in outs)}
-                infos = [await llm.info(h["peer"]) for h in res["route"]]
-                res["concurrent"]["server_max_batch"] = [i["stats"]["max_batch"] for i in infos]
+                    t0 = time.perf_counter()
+                    async with trio.open_nursery() as n:
+                        for i in range(concurrent):
+                            n.start_soon(one, i)
+                    wall = time.perf_counter() - t0
+                    after = [(await llm.info(h["peer"]))["stats"] for h in res["route"]]
+                    res["concurrent"][mode].append({
+                        "agg_tok_s": concurrent * n_new / wall, "wall_s": wall,
+                        "same_tokens": all(o.token_ids == res["tokens"] for o in outs),
+                        "forwards": [a["forwards"] - b["forwards"] for a, b in zip(after, before)],
+                        "steps": [a["steps"] - b["steps"] for a, b in zip(after, before)]})
+                llm.max_step_batch = 32
             return res
 
         res = trio.run(swarm_client, sw, d, head, mhash, body)
@@ -324,8 +335,9 @@ def main() -> int:
                 api_res = bench_api(sw, a.model if a.model != "random58m" else str(d), prompt, a.new, a.concurrent,
                                     real_tok)
 
-            rows[str(n)] = bench_chain(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats, 0,
-                                       extra if (a.concurrent and n == chains[-1]) else None)
+            last_chain = a.concurrent and n == chains[-1]
+            rows[str(n)] = bench_chain(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats,
+                                       a.concurrent if last_chain else 0, extra if last_chain else None)
             print(f"  {n} peer(s) done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
         rec = None if a.no_recovery else bench_recovery(tmp, d, head, mhash, layers, prompt, a.new)
     elapsed = time.perf_counter() - t_start
@@ -361,6 +373,15 @@ def main() -> int:
               f"{gq['connect_s'] * 1e3:.0f} ms + first token {gq['ttft_s'] * 1e3:.0f} ms = "
               f"{gq['first_token_after_imports_s']:.2f} s after its imports")
         targets.append(("peer generate: first token <= 1 s after imports", gq["first_token_after_imports_s"] <= 1.0))
+    direct = rows[last]["concurrent"] if last is not None and "concurrent" in rows[last] else None
+    if direct:
+        def fmt(runs: list[dict[str, Any]]) -> str:
+            return ", ".join(f"x{r['agg_tok_s'] / direct['single_tok_s']:.2f} ({sum(r['forwards'])} forwards for "
+                             f"{sum(r['steps'])} steps, tokens {'same' if r['same_tokens'] else 'DIFFERENT'})"
+                             for r in runs)
+        print(f"direct SwarmLLM, {direct['sessions']} sessions at once through {last} peers, aggregate tok/s over "
+              f"one session's {direct['single_tok_s']:.1f}:\n  steps sent together:     {fmt(direct['together'])}"
+              f"\n  one request per step:    {fmt(direct['apart'])}")
     if startup:
         print(f"start-up (fresh processes, median of 3): python -c 'import torch, libp2p, trio' "
               f"{startup['import_s']:.2f} s; client head build after those imports {startup['head_cached_s']:.3f} s "

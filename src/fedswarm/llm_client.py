@@ -184,6 +184,7 @@ class SwarmLLM:
         spot_check_tol: float = 1e-2,
         seed: int | None = None,
         max_step_batch: int = 32,
+        cohort_wait: float = 0.5,
     ) -> None:
         self.transport = transport
         self.view = view
@@ -212,7 +213,15 @@ class SwarmLLM:
         # ``step`` request (see _step_together); 1 turns that off
         self.max_step_batch = max_step_batch
         self._steps: dict[tuple[str, int, int], _StepQueue] = {}
-        self.step_batches = {"steps": 0, "requests": 0, "max_batch": 0, "fallbacks": 0}
+        self.step_batches = {"steps": 0, "requests": 0, "max_batch": 0, "fallbacks": 0, "cohort_waits": 0,
+                             "cohort_timeouts": 0}
+        # sessions in their decode loop; at the chain's first hop a step waits
+        # (at most cohort_wait seconds) for the others to arrive, so all of
+        # them decode in one batch instead of in cohorts that never merge
+        self.cohort_wait = cohort_wait
+        self._decoding: set[InferenceSession] = set()
+        self._laggards: set[InferenceSession] = set()
+        self._members_changed = trio.Event()
 
     async def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``(vocab,)`` for one position's final hidden state.
@@ -266,6 +275,8 @@ class SwarmLLM:
             q = self._steps[key] = _StepQueue()
         item = _StepItem(sess, hs, x)
         q.items.append(item)
+        if hs.hop.start == 0:
+            self._member_event()  # a leader gathering the cohort rechecks who is missing
         self.step_batches["steps"] += 1
         try:
             while not item.done:
@@ -275,6 +286,8 @@ class SwarmLLM:
                 q.busy = True
                 batch: list[_StepItem] = []
                 try:
+                    if hs.hop.start == 0:
+                        await self._gather_cohort(q, key)
                     await _settle(lambda: len(q.items))
                     batch, q.items = q.items[: self.max_step_batch], q.items[self.max_step_batch :]
                     await self._send_step(hs.hop, batch)
@@ -292,6 +305,39 @@ class SwarmLLM:
         if item.failed is not None:
             raise item.failed
         return item.out
+
+    async def _gather_cohort(self, q: "_StepQueue", key: tuple[str, int, int]) -> None:
+        """At the first hop: wait until every session in its decode loop whose
+        chain starts at this hop has queued its step here too (or left the
+        loop), for at most ``cohort_wait`` seconds. Sessions that made us
+        time out (a reroute, a replay) are not waited for again until they
+        arrive here once."""
+        def missing() -> list[InferenceSession]:
+            queued = {it.sess for it in q.items}
+            self._laggards -= queued
+            return [m for m in self._decoding if m not in queued and m not in self._laggards
+                    and m.hops and (m.hops[0].hop.peer, m.hops[0].hop.start, m.hops[0].hop.end) == key]
+
+        if self.cohort_wait <= 0 or not missing():
+            return
+        self.step_batches["cohort_waits"] += 1
+        with trio.move_on_after(self.cohort_wait) as cs:
+            while missing():
+                ev = self._members_changed
+                await ev.wait()
+        if cs.cancelled_caught:
+            self.step_batches["cohort_timeouts"] += 1
+            self._laggards.update(missing())
+
+    def _decode_member(self, sess: "InferenceSession", on: bool) -> None:
+        (self._decoding.add if on else self._decoding.discard)(sess)
+        if not on:
+            self._laggards.discard(sess)
+        self._member_event()
+
+    def _member_event(self) -> None:
+        ev, self._members_changed = self._members_changed, trio.Event()
+        ev.set()
 
     async def _send_step(self, hop: "Hop", batch: list["_StepItem"]) -> None:
         if len(batch) == 1:  # a lone step is an ordinary forward
@@ -526,6 +572,8 @@ class SwarmLLM:
             history = list(prompt)
             for i in range(params.max_new_tokens):
                 ts = time.perf_counter()
+                if i == 1:
+                    self._decode_member(sess, True)
                 h = await sess.step(ids)
                 tok = sampler.pick(await self.logits(h[-1]), history)
                 now = time.perf_counter()
@@ -556,6 +604,7 @@ class SwarmLLM:
             route = [{"peer": s.hop.peer, "blocks": [s.hop.start, s.hop.end]} for s in sess.hops]
             recoveries = list(sess.recoveries)
         finally:
+            self._decode_member(sess, False)
             if own:
                 await sess.close()
         total = time.perf_counter() - t0

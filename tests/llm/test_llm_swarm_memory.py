@@ -109,6 +109,8 @@ def test_concurrent_sessions_are_batched_and_exact(gqa_dir):
             # the decode steps travelled together: multi-session step requests to both peers
             assert all(srv.stats.step_requests >= 1 for srv in s.servers)
             assert s.llm.step_batches["requests"] >= 2 and s.llm.step_batches["fallbacks"] == 0
+            # the sessions' prefills differ in length, yet they decoded as one cohort
+            assert s.llm.step_batches["max_batch"] == len(prompts), s.llm.step_batches
             info = await s.llm.info(s.peer_ids[0])
             assert info["stats"]["max_batch"] == s.servers[0].stats.max_batch
 
