@@ -203,11 +203,11 @@ def sampling_from_body(body: dict[str, Any], room: int) -> Any:
     try:
         return SamplingParams(**fields)
     except InputError as exc:
-        param = next((k for k in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop")
-                      if str(exc.what).startswith(k)), None)
+        bad: str | None = next((k for k in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop")
+                                if str(exc.what).startswith(k)), None)
         if str(exc.what).startswith("max_tokens"):
-            param = "max_tokens"
-        raise _bad(exc.what, param) from None
+            bad = "max_tokens"
+        raise _bad(exc.what, bad) from None
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, str]]:

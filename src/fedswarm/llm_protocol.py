@@ -135,10 +135,10 @@ def unpack_tensor(v: Any, *, max_ndim: int = 4, max_bytes: int = MAX_FRAME) -> t
 def get_field(msg: dict[str, Any], key: str, typ: type, *, lo: int | None = None, hi: int | None = None) -> Any:
     if key not in msg:
         raise WireError("bad-request", f"missing {key!r}")
-    v = msg[key]
+    v: Any = msg[key]
     if type(v) is not typ:
         raise WireError("bad-request", f"{key!r} must be {typ.__name__}")
-    if typ is int and ((lo is not None and v < lo) or (hi is not None and v > hi)):
+    if isinstance(v, int) and ((lo is not None and v < lo) or (hi is not None and v > hi)):
         raise WireError("bad-request", f"{key!r} out of range")
     return v
 
