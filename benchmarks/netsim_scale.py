@@ -1,76 +1,55 @@
-"""netsim at scale: 1,000 peers, 10,000 shards, churn on.
+"""netsim at scale: 1,000, 3,000 and 10,000 peers, ten shards per peer, churn on.
 
-Prints wall seconds, simulated seconds, events per second and peak RSS.
-Run from the repository root::
+The swarm and workload are ``netsim/scenarios/scale-10k.toml`` (5% crashes,
+2% graceful leaves, joins, 0.5% loss, 4 tenants submitting jobs of 100
+shards within 120 s), scaled to each size: the profile mix and joins by
+``Scenario.scaled``, the jobs per tenant so that there are ten shards per
+peer (``--shards`` overrides). Each size runs in its own process, one after
+the other, so that its peak RSS is its own. Prints, per size: wall seconds,
+simulated seconds, events, events per second, peak RSS, messages per peer
+per second (and split into gossip, leases and scheduling), and shards
+lost / duplicated. Run from the repository root::
 
-    .venv/bin/python benchmarks/netsim_scale.py [--seed S] [--peers N] [--shards M] [--profile]
+    .venv/bin/python benchmarks/netsim_scale.py [--peers 1000 3000 10000] [--seed S] [--shards M]
+        [--max-time T] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import resource
+import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from netsim.scenario import parse_scenario  # noqa: E402
+from netsim.scenario import load_scenario  # noqa: E402
 from netsim.sim import Simulator  # noqa: E402
 
-
-def scenario(peers: int, shards: int):
-    tenants = 4
-    jobs_per_tenant = max(shards // (tenants * 100), 1)
-    return parse_scenario(
-        {
-            "name": "scale",
-            "max_time_s": 20000,
-            "warmup_s": 20,
-            "pubsub_fanout": 32,  # a Publish reaches 32 random nodes (first gossipsub hop)
-            "network": {"regions": {"us": 0.4, "eu": 0.4, "asia": 0.2}, "loss": 0.005},
-            # gossip every 10 s and renew leases every 10 s: the per-peer message
-            # cost dominates at 1,000 peers (see docs/netsim.md, performance)
-            "peer": {"gossip_interval_s": 10.0, "state_ttl_s": 120.0, "state_refresh_s": 40.0,
-                     "renew_interval_s": 10.0, "lease_grace_s": 60.0},
-            "client": {"lease_s": 32.0, "gossip_interval_s": 5.0},
-            "swarm": [
-                {"profile": "datacenter-a100", "count": 80},
-                {"profile": "datacenter-v100", "count": 120},
-                {"profile": "workstation-rtx4090", "count": 300},
-                {"profile": "volunteer-gaming", "count": 500},
-            ],
-            "churn": {"crash_fraction": 0.05, "crash_window_s": [40, 200], "leave_fraction": 0.02,
-                      "leave_window_s": [40, 200], "leave_grace_s": 30, "join_count": 20, "join_window_s": [30, 150]},
-            "workload": {
-                "tenants": [
-                    {"name": f"tenant{i}", "jobs": jobs_per_tenant, "rate_per_h": 3600 * jobs_per_tenant / 120,
-                     "shards": 100, "duration_s": {"dist": "lognormal", "median": 20, "sigma": 0.5, "min": 5, "max": 120},
-                     "chain_fraction": 0.0}
-                    for i in range(tenants)
-                ]
-            },
-        },
-        src="<benchmark>",
-        base_dir=REPO,
-        profiles_dir=REPO / "peers",
-    ).scaled(peers)
+SCENARIO = REPO / "netsim" / "scenarios" / "scale-10k.toml"
+ARRIVALS_S = 120.0  # every job arrives within this
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--peers", type=int, default=1000)
-    ap.add_argument("--shards", type=int, default=10_000)
-    ap.add_argument("--max-time", type=float, help="stop at this simulated time (profiling)")
-    ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
-    args = ap.parse_args()
+def scenario(peers: int, shards: int | None = None):
+    """scale-10k scaled to ``peers`` with ``shards`` shards (default: 10 per peer)."""
+    sc = load_scenario(SCENARIO).scaled(peers)
+    tenants = len(sc.tenants)
+    per = int(sc.tenants[0]["shards"])
+    jobs = max((shards if shards is not None else 10 * peers) // (tenants * per), 1)
+    ts = [{**t, "jobs": jobs, "rate_per_h": 3600 * jobs / ARRIVALS_S} for t in sc.tenants]
+    return replace(sc, tenants=ts)
+
+
+def run_one(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
-    sc = scenario(args.peers, args.shards)
+    sc = scenario(args.peers[0], args.shards)
     if args.max_time:
         sc.max_time_s = args.max_time
     sim = Simulator(sc, args.seed)
@@ -83,15 +62,64 @@ def main() -> None:
         prof.disable()
     wall = time.perf_counter() - t0
     s = sim.results()["summary"]
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peers={args.peers} shards={s['shards_submitted']} jobs={s['jobs_submitted']}")
-    print(f"completed={s['shards_completed']} lost={s['shards_lost']} duplicated={s['shards_duplicated']}")
-    print(f"wall_s={wall:.1f} (setup {t_build:.1f}) sim_s={sim.now:.1f} events={sim.events} "
-          f"events_per_s={sim.events / wall:.0f} peak_rss_mb={rss_mb:.0f}")
-    print(f"makespan_s={s['makespan_s']:.1f} utilization={s['utilization']:.3f} "
-          f"msgs_per_peer_s={s['msgs_per_peer_s']:.2f} bytes_per_peer_s={s['bytes_per_peer_s']:.0f}")
+    split = s.get("msgs_per_peer_s_split", {})
+    out = {
+        "peers": args.peers[0], "shards": s["shards_submitted"], "jobs": s["jobs_submitted"],
+        "completed": s["shards_completed"], "lost": s["shards_lost"], "duplicated": s["shards_duplicated"],
+        "wall_s": round(wall, 1), "setup_s": round(t_build, 1), "sim_s": round(sim.now, 1), "events": sim.events,
+        "events_per_s": round(sim.events / wall), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "makespan_s": s["makespan_s"], "msgs_per_peer_s": s["msgs_per_peer_s"], "split": split,
+        "bytes_per_peer_s": s["bytes_per_peer_s"],
+    }
     if prof:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--peers", type=int, nargs="+", default=[1000, 3000, 10_000])
+    ap.add_argument("--shards", type=int, help="shards in all (default: 10 per peer)")
+    ap.add_argument("--max-time", type=float, help="stop at this simulated time (profiling)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one size, in this process
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return
+    rows = []
+    for n in args.peers:
+        cmd = [sys.executable, __file__, "--one", "--peers", str(n), "--seed", str(args.seed)]
+        for flag, v in (("--shards", args.shards), ("--max-time", args.max_time)):
+            if v is not None:
+                cmd += [flag, str(v)]
+        if args.profile:
+            cmd.append("--profile")
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if res.returncode:
+            print(f"peers={n}: exit {res.returncode}", file=sys.stderr)
+            continue
+        r = json.loads(res.stdout.strip().splitlines()[-1])
+        rows.append(r)
+        print(f"peers={r['peers']} shards={r['shards']} jobs={r['jobs']} completed={r['completed']} "
+              f"lost={r['lost']} duplicated={r['duplicated']} wall_s={r['wall_s']} sim_s={r['sim_s']} "
+              f"events={r['events']} events_per_s={r['events_per_s']} peak_rss_mb={r['peak_rss_mb']} "
+              f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f}", flush=True)
+    if not rows:
+        sys.exit(1)
+    print()
+    print("| peers | shards | wall s | sim s | events | events/s | peak RSS MB | msgs/peer/s (gossip, leases, sched.) "
+          "| lost/dup |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        sp = r["split"]
+        parts = ", ".join(f"{sp[k]:.3f}" for k in ("gossip", "leases", "scheduling") if k in sp)
+        print(f"| {r['peers']:,} | {r['shards']:,} | {r['wall_s']} | {r['sim_s']} | {r['events']:,} | "
+              f"{r['events_per_s']:,} | {r['peak_rss_mb']:,} | {r['msgs_per_peer_s']:.3f} ({parts}) | "
+              f"{r['lost']}/{r['duplicated']} |")
+    if any(r["lost"] or r["duplicated"] for r in rows if not args.max_time):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,8 @@ class _Round:
     # per invitee ranked from its state alone: (staleness class, the wait
     # that state predicted), to learn from its bid how far off states are
     predicted: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # the sampled candidates the round ranked (None: the whole view)
+    ranked: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -276,6 +278,8 @@ class ClientCore(Node):
         #: per staleness class (``_stale_class``): the mean of how much later
         #: than their states predicted the peers have bid (0: no sample yet)
         self._stale = [0.0] * (2 * 2 * _AGE_CLASSES)
+        #: the peers that lately won awards, oldest first: ranked in every sample
+        self._good: dict[str, None] = {}
 
     # ------------------------------------------------------------------
     # public API
@@ -516,9 +520,9 @@ class ClientCore(Node):
             return [job.shards[nxt]] if nxt < len(job.shards) and job.shards[nxt].state == ShardState.OPEN else []
         return [s for s in job.shards if s.state == ShardState.OPEN]
 
-    def _eligible(self, job: JobSpec, now: float) -> list[ViewEntry]:
+    def _eligible(self, job: JobSpec, now: float, entries: list[ViewEntry] | None = None) -> list[ViewEntry]:
         out = []
-        for e in self.view.live(now):
+        for e in self.view.live(now) if entries is None else entries:
             st = e.state
             if e.peer == self.id or e.peer in self.banned or self._suspect.get(e.peer, 0.0) > now:
                 continue
@@ -533,6 +537,39 @@ class ClientCore(Node):
             out.append(e)
         return out
 
+    def _candidates(self, spec: JobSpec, now: float, want: int) -> tuple[list[ViewEntry], bool]:
+        """Whom a round may rank, and whether that is a sample: the eligible
+        peers of the whole live view when it holds at most ``rank_max``;
+        else those of a seeded random sample of ``rank_max`` live entries
+        plus the peers that lately won this client's awards (``_good``), the
+        whole view again when fewer than ``want`` of them are eligible (a
+        gang few peers can host). So a round costs O(rank_max), not O(view),
+        as in Sparrow's and Megha's sampling."""
+        cap = self.config.rank_max
+        live = self.view.live(now)
+        if not cap or len(live) <= cap:
+            return self._eligible(spec, now), False
+        picked = [live[i] for i in sorted(self.rng.sample(range(len(live)), cap))]
+        have = {e.peer for e in picked}
+        for p in self._good:
+            e = self.view.get(p)
+            if e is not None and p not in have and e.expires_at > now and not e.state.leaving:
+                picked.append(e)
+        out = self._eligible(spec, now, picked)
+        if len(out) < want:
+            self.stats["rank_whole_view"] += 1
+            return self._eligible(spec, now), False
+        return out, True
+
+    def _note_good(self, peer: str) -> None:
+        """``peer`` won an award: rank it in later samples (the newest
+        ``rank_max // 4`` such peers are kept)."""
+        good = self._good
+        good.pop(peer, None)
+        good[peer] = None
+        if len(good) > max(self.config.rank_max // 4, 1):
+            del good[next(iter(good))]
+
     def _advance(self, now: float, job: _Job) -> list[Effect]:
         out: list[Effect] = []
         if job.round is not None and now >= job.round.close_at:
@@ -542,7 +579,10 @@ class ClientCore(Node):
         open_ = self._openable(job)
         if not open_:
             return out
-        cands = self._eligible(job.spec, now)
+        cfg = self.config
+        need = len(open_) * max(job.spec.gpus, 1)
+        cands, sampled = self._candidates(job.spec, now, min(max(int(math.ceil(cfg.probe_ratio * need)),
+                                                                 cfg.probe_min), cfg.probe_max))
         if job.asked:
             # a second look: peers not asked yet (all of them again if none is left)
             cands = [e for e in cands if e.peer not in job.asked] or cands
@@ -550,11 +590,9 @@ class ClientCore(Node):
             self._backoff(job, now)
             self.stats["rounds_no_candidates"] += 1
             return out
-        cfg = self.config
         excluded = max((len(s.exclude) for s in open_), default=0)
         # d probes per slot needed: a gang of g GPUs asks like g tasks would,
         # since few peers can host it and their queues differ widely
-        need = len(open_) * max(job.spec.gpus, 1)
         # a second look asks twice as many: the view has just proved stale
         want = max(int(math.ceil(cfg.probe_ratio * need)), cfg.probe_min) << job.rebids
         want = min(want + excluded, cfg.probe_max, len(cands))
@@ -568,6 +606,8 @@ class ClientCore(Node):
         rid = job.next_round_id
         job.next_round_id += 1
         job.round = rnd = _Round(rid, shards, set(invited), now + self._bid_window(invited), now)
+        if sampled:
+            rnd.ranked = tuple(e.peer for e in cands)
         for p in invited:
             e = self.view.get(p)
             if e is not None and self._news_wait(job.spec, e, now) is None:
@@ -669,8 +709,10 @@ class ClientCore(Node):
             poured = 0.0
             if spec.deadline_s is None and queued:
                 poured = max(st.backlog_s * st.slots - sum(st.free_s), 0.0)
-            t = [max(x - age, 0.0) for x in fill(st.free_s, poured)]
-            return start_after(t, awarded, g)
+            t = fill(st.free_s, poured)  # sorted, >= 0
+            if not awarded:  # the common case: the g-th slot to free, less the state's age
+                return max(t[min(g, len(t)) - 1] - age, 0.0)
+            return start_after([max(x - age, 0.0) for x in t], awarded, g)
         if not queued:
             return 0.0  # no slot times: running and queued work are not told apart
         backlog = max(st.backlog_s - age, 0.0)
@@ -895,7 +937,12 @@ class ClientCore(Node):
             return False
         spec = job.spec
         asked = job.asked | rnd.invited
-        alt = min((self._eta(spec, e, now) for e in self._eligible(spec, now) if e.peer not in asked), default=math.inf)
+        if rnd.ranked is None:
+            pool = self._eligible(spec, now)
+        else:  # the sample the round ranked: a second look must not cost a whole view either
+            pool = self._eligible(spec, now, [e for e in map(self.view.get, rnd.ranked)
+                                              if e is not None and e.expires_at > now and not e.state.leaving])
+        alt = min((self._eta(spec, e, now) for e in pool if e.peer not in asked), default=math.inf)
         if best > left >= alt:
             return True
         return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
@@ -998,6 +1045,7 @@ class ClientCore(Node):
                 self._pending = _newest_half(self._pending)
             self._move(sh, "award")
             sh.peer = peer
+            self._note_good(peer)
             sh.holders[sh.attempt] = peer
             sh.live.add(sh.attempt)
             self._set_lease(sh, job.spec.job_id, now + self.config.lease_s + self.config.bid_window_s)

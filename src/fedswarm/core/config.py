@@ -89,6 +89,11 @@ class ClientConfig:
     probe_ratio: float = 2.0  # peers asked per open shard (Sparrow's d)
     probe_min: int = 3
     probe_max: int = 32
+    # a round ranks at most this many candidates: a seeded random sample of
+    # the live view plus the peers that lately won this client's awards
+    # (``ClientCore._candidates``), so its cost does not grow with the swarm;
+    # a view of at most this many live peers is ranked whole. 0: always whole
+    rank_max: int = 256
     explore_ratio: float = 0.25  # share of invitations sent to random peers, not the best-ranked
     bid_window_s: float = 0.5
     # a round waits less when every invitee answered before: their longest
@@ -145,6 +150,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.pull_entries <= 255:
             raise ValueError("pull_entries must be in [0, 255]")
+        if self.rank_max < 0:
+            raise ValueError("rank_max must be >= 0")
         if not 0.0 <= self.stale_gain <= 1.0:
             raise ValueError("stale_gain must be in [0, 1]")
         if self.verify not in ("none", "auto", "always"):
