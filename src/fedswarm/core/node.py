@@ -192,7 +192,9 @@ class Node:
             self.rejected["banned"] += 1
             return False
         trusted = check_membership(st.membership, signed.author, now, self.federations)
-        news = self.view.merge(signed.author, st, signed.issued_at, raw, now, trusted=trusted)
+        # signed.raw: the bytes of its first decode when the verify cache
+        # knew it (equal to raw), so the views of a process share one copy
+        news = self.view.merge(signed.author, st, signed.issued_at, signed.raw, now, trusted=trusted)
         if news:
             self.ledger.merge_row(signed.author, st.ledger)
             self._on_state(now, signed.author, st)
