@@ -8,17 +8,23 @@ sessions.
 The wire protocol (``/fedswarm/llm/1.0.0``: ``forward``, ``step``, ``close``,
 ``info``) lives in ``fedswarm.llm_protocol``, shared with the client.
 
-Sessions are keyed by (transport-authenticated sender, session id), so a
-client can touch only its own. They expire after ``idle_timeout_s`` without a
-request (swept on every request) and are freed by ``close``.
+What to do is decided by the sans-IO ``fedswarm.core.spans.ServingCore``:
+the session table (keyed by transport-authenticated sender, session id and
+span, so a client can touch only its own), admission against
+``ServerLimits``, expiry after ``idle_timeout_s`` without a request (swept on
+every request and on the placement timer), which queued steps form the next
+forward, and -- with ``--blocks auto`` -- where this peer's span should be.
+``BlockServer`` performs it: KV caches and forwards on torch, run in a worker
+thread (``trio.to_thread.run_sync``) so the event loop -- and the peer's
+gossip -- stays live; steps that arrive while a forward runs make up the
+next batch (rows may sit at different positions: ``LlamaBlockSpan`` handles
+per-row positions).
 
-Batching: a request's forward joins a queue; whoever finds no forward running
-takes every queued step with the same number of new tokens (decode steps are
-all ``T == 1``), stacks them into one batch (rows may sit at different
-positions: ``LlamaBlockSpan`` handles per-row positions) and runs it in a
-worker thread (``trio.to_thread.run_sync``) so the event loop -- and the
-peer's gossip -- stays live. Steps that arrive while a forward runs make up
-the next batch.
+Placement (``keep_placed``): every ``tick_s`` the core re-reads the spans of
+this model in the swarm view and its probes of their holders; when it moves,
+the new span is loaded while the old one still serves, then advertised in
+the peer's signed state (``PeerCore.set_spans``); the old span takes no new
+routes and is dropped once its sessions are done (at most ``drain_s``).
 """
 
 from __future__ import annotations
@@ -27,13 +33,31 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import trio
 
+from .core.spans import (
+    Advertise,
+    DropSpan,
+    LoadSpan,
+    PlacementPolicy,
+    Probe,
+    ProbeDone,
+    Refusal,
+    ServerLimits,
+    ServerStats,
+    ServingCore,
+    Session,
+    SessionKey,
+    SpanAd,
+    SpanLoaded,
+    SpanLoadFailed,
+    choose_span,
+)
 from .llm_protocol import (
     MAX_FRAME,
     OP_KEYS,
@@ -49,12 +73,14 @@ from .llm_protocol import (
     unpack_tensor,
 )
 from .tasks.checkpoint import load_block_span, load_config, model_hash
-from .tasks.llama import DTYPES, KVCache, LlamaBlockSpan
+from .tasks.llama import DTYPES, LlamaBlockSpan
 
 __all__ = [
     "PROTOCOL",
     "WIRE_VERSION",
     "ServerLimits",
+    "ServerStats",
+    "PlacementPolicy",
     "BlockServer",
     "WireError",
     "pack_tensor",
@@ -62,66 +88,43 @@ __all__ = [
     "encode",
     "decode",
     "parse_blocks",
+    "parse_auto",
     "choose_span",
     "measure_throughput",
     "start_block_server",
+    "swarm_spans",
 ]
 
 log = logging.getLogger("fedswarm.llm")
 
 # ----------------------------------------------------------------- server
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """What one serving peer accepts (every request is checked against these)."""
-
-    max_tokens_per_request: int = 1024  # new positions in one forward request
-    max_sessions: int = 64
-    max_session_length: int = 2048  # positions per session (also <= max_position_embeddings)
-    max_cache_bytes: int = 128 * 1024 * 1024  # KV caches of all sessions together
-    max_batch: int = 32  # sessions' steps batched into one forward
-    idle_timeout_s: float = 300.0
-
-
-@dataclass
-class _Session:
-    cache: KVCache
-    last_used: float
-    busy: bool = False
-    closed: bool = False
-
-
 @dataclass
 class _Item:
-    session: _Session
+    key: SessionKey
+    session: Session
     hidden: torch.Tensor  # (T, H)
     result: bytes | None = None
     error: str | None = None
     batch: int = 0  # sessions in the forward that computed it
 
 
-@dataclass
-class ServerStats:
-    requests: int = 0
-    step_requests: int = 0  # multi-session ``step`` requests answered
-    errors: int = 0
-    forwards: int = 0  # forward calls on the span (batches)
-    steps: int = 0  # session steps computed
-    batched_steps: int = 0  # steps that shared a forward with another session
-    max_batch: int = 0
-    tokens: int = 0
-    sessions_opened: int = 0
-    sessions_closed: int = 0
-    sessions_expired: int = 0
-    compute_s: float = 0.0
-    by_error: dict[str, int] = field(default_factory=dict)
+def _bytes_per_pos(span: LlamaBlockSpan) -> int:
+    """KV-cache bytes one session position costs on ``span``."""
+    cfg = span.config
+    elem = span.new_cache(1).k.element_size()
+    return 2 * span.num_layers * cfg.num_key_value_heads * cfg.head_dim * elem
 
 
 class BlockServer:
-    """Serves one ``LlamaBlockSpan`` over the LLM protocol.
+    """Serves ``LlamaBlockSpan``s over the LLM protocol.
 
     ``await server.handle(sender, request_bytes) -> response_bytes`` is the
-    transport request handler; it never raises for a bad request.
+    transport request handler; it never raises for a bad request. What to
+    admit, expire and batch is decided by the sans-IO ``ServingCore``
+    (``self.core``); this class performs it: torch forwards in a worker
+    thread, KV caches, and (``keep_placed``, for ``--blocks auto``) span
+    loads, probes and the advertised spans.
     """
 
     def __init__(
@@ -132,8 +135,10 @@ class BlockServer:
         limits: ServerLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_frame: int = MAX_FRAME,
+        self_id: str = "",
+        policy: PlacementPolicy | None = None,
+        throughput: float = 0.0,
     ) -> None:
-        self.span = span
         self.model_hash = model_hash
         self.limits = limits or ServerLimits()
         self.clock = clock
@@ -141,17 +146,14 @@ class BlockServer:
         cfg = span.config
         self.hidden_size = cfg.hidden_size
         self.dtype_name = {v: k for k, v in DTYPES.items()}[span.dtype]
-        self.max_length = min(self.limits.max_session_length, cfg.max_position_embeddings)
-        elem = span.new_cache(1).k.element_size()
-        self._cache_bytes_per_pos = 2 * span.num_layers * cfg.num_key_value_heads * cfg.head_dim * elem
+        max_length = min(self.limits.max_session_length, cfg.max_position_embeddings)
         # a request and its answer must fit in a frame (with room for the envelope)
         fit = (max_frame - 4096) // (self.hidden_size * elem_bytes(self.dtype_name))
-        self.max_tokens = max(1, min(self.limits.max_tokens_per_request, fit))
-        self.sessions: dict[tuple[str, bytes], _Session] = {}
-        self.cache_bytes = 0
-        self.stats = ServerStats()
-        self._pending: list[_Item] = []
-        self._running = False
+        max_tokens = max(1, min(self.limits.max_tokens_per_request, fit))
+        self.core = ServingCore(self_id, self.limits, max_length=max_length, max_tokens=max_tokens,
+                                num_layers=cfg.num_hidden_layers, policy=policy)
+        self._blocks: dict[tuple[int, int], LlamaBlockSpan] = {(span.start, span.end): span}
+        self.core.add_span(clock(), span.start, span.end, bytes_per_pos=_bytes_per_pos(span), throughput=throughput)
         self._changed = trio.Event()
         self.model_name: str | None = None
         #: called as ``fn(tokens, seconds, batch)`` after each forward
@@ -160,12 +162,51 @@ class BlockServer:
 
     # -- public ------------------------------------------------------------
     @property
+    def span(self) -> LlamaBlockSpan:
+        """The span new sessions go to (during a move: the new one)."""
+        assert self.core.primary is not None
+        return self._blocks[self.core.primary]
+
+    @property
     def start(self) -> int:
         return self.span.start
 
     @property
     def end(self) -> int:
         return self.span.end
+
+    @property
+    def max_length(self) -> int:
+        return self.core.max_length
+
+    @property
+    def max_tokens(self) -> int:
+        return self.core.max_tokens
+
+    @property
+    def sessions(self) -> dict[SessionKey, Session]:
+        """Open sessions by (sender, session id, span start, span end); each
+        has its KV cache as ``.cache``."""
+        return self.core.sessions
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.core.cache_bytes
+
+    @property
+    def stats(self) -> ServerStats:
+        return self.core.stats
+
+    @property
+    def span_changes(self) -> int:
+        return self.core.span_changes
+
+    def span_rows(self) -> list[dict[str, Any]]:
+        """What ``/status`` lists under ``spans``: every span held here."""
+        c = self.core
+        return [{"model": self.model_hash, "start": a, "end": b, "sessions": c.span_sessions((a, b)),
+                 "state": "draining" if slot.draining else "serving", "throughput": slot.throughput}
+                for (a, b), slot in sorted(c.spans.items())]
 
     def info(self) -> dict[str, Any]:
         st = asdict(self.stats)
@@ -196,12 +237,7 @@ class BlockServer:
 
     def expire(self, now: float | None = None) -> int:
         """Drop sessions idle for longer than ``idle_timeout_s``; return how many."""
-        now = self.clock() if now is None else now
-        dead = [k for k, s in self.sessions.items() if not s.busy and now - s.last_used > self.limits.idle_timeout_s]
-        for k in dead:
-            self._free(k)
-        self.stats.sessions_expired += len(dead)
-        return len(dead)
+        return self.core.expire(self.clock() if now is None else now)
 
     # -- internals -----------------------------------------------------------
     def _error(self, code: str, detail: str = "", **extra: Any) -> bytes:
@@ -215,11 +251,14 @@ class BlockServer:
         self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
         return {"ok": False, "error": code, "index": index, "detail": detail, **extra}
 
-    def _free(self, key: tuple[str, bytes]) -> None:
-        s = self.sessions.pop(key, None)
-        if s is not None:
-            s.closed = True
-            self.cache_bytes -= s.cache.nbytes
+    def _free(self, key: SessionKey) -> None:
+        self.core.free(key)
+
+    def _span_of(self, msg: dict[str, Any]) -> tuple[int, int]:
+        span = get_field(msg, "span", list)
+        if len(span) != 2 or any(type(x) is not int for x in span) or not self.core.accepts((span[0], span[1])):
+            raise WireError("wrong-span", f"this peer serves blocks [{self.start}, {self.end})")
+        return span[0], span[1]
 
     async def _dispatch(self, sender: str, msg: dict[str, Any]) -> dict[str, Any]:
         if msg.get("v") != WIRE_VERSION:
@@ -242,19 +281,39 @@ class BlockServer:
         sid = get_field(msg, "session", bytes)
         if len(sid) != SESSION_ID_BYTES:
             raise WireError("bad-request", f"session id must be {SESSION_ID_BYTES} bytes")
-        key = (sender, sid)
         if op == "close":
-            s = self.sessions.get(key)
-            if s is not None:
-                self._free(key)
-                self.stats.sessions_closed += 1
-            return {"ok": True, "closed": s is not None}
-        return await self._forward(key, msg, now)
+            return {"ok": True, "closed": self.core.close(sender, sid)}
+        return await self._forward(sender, sid, msg, now)
 
-    async def _forward(self, key: tuple[str, bytes], msg: dict[str, Any], now: float) -> dict[str, Any]:
-        span = get_field(msg, "span", list)
-        if span != [self.start, self.end]:
-            raise WireError("wrong-span", f"this peer serves blocks [{self.start}, {self.end})")
+    def _answered(self, tokens: int, t0: float, batch: int) -> None:
+        took = time.perf_counter() - t0
+        for fn in self.observers:
+            try:
+                fn(tokens, took, batch)
+            except Exception:  # an observer's bug must not fail the request
+                log.exception("observer failed")
+
+    async def _compute_items(self, items: list[_Item], tokens: list[int]) -> float:
+        """Run ``items`` (already admitted and busy) through their span; the
+        sessions are released whatever happens. Returns the start time."""
+        sessions = [it.session for it in items]
+        t0 = time.perf_counter()
+        try:
+            await self._run(*items)
+        finally:
+            ok = all(it.result is not None for it in items)
+            self.core.finish(self.clock(), sessions, tokens, ok)
+            if not ok:
+                for s in sessions:
+                    if s.cache is not None and s.cache.length != s.length:
+                        s.cache.truncate(s.length)
+        bad = next((it.error for it in items if it.error is not None), None)
+        if bad is not None:
+            raise WireError("internal", bad)
+        return t0
+
+    async def _forward(self, sender: str, sid: bytes, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        span = self._span_of(msg)
         pos = get_field(msg, "pos", int, lo=0, hi=1 << 24)
         max_length = get_field(msg, "max_length", int, lo=1, hi=1 << 24)
         hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
@@ -265,46 +324,22 @@ class BlockServer:
             raise WireError("too-large", f"1..{self.max_tokens} tokens per request")
         if not torch.isfinite(hidden).all():
             raise WireError("bad-request", "hidden holds non-finite values")
-        s = self.sessions.get(key)
-        if s is None:
-            if pos != 0:
-                raise WireError("unknown-session", "no such session (expired?): replay from position 0")
-            if max_length > self.max_length:
-                raise WireError("too-large", f"max_length above {self.max_length}")
-            if len(self.sessions) >= self.limits.max_sessions:
-                raise WireError("full", f"{len(self.sessions)} sessions open")
-            nbytes = max_length * self._cache_bytes_per_pos
-            if self.cache_bytes + nbytes > self.limits.max_cache_bytes:
-                raise WireError("full", "KV cache memory exhausted")
-            s = _Session(self.span.new_cache(max_length), now)
-            self.sessions[key] = s
-            self.cache_bytes += s.cache.nbytes
-            self.stats.sessions_opened += 1
-        if s.busy:
-            raise WireError("busy", "a step of this session is running")
-        if pos > s.cache.length:
-            return {"ok": False, "error": "pos-mismatch", "detail": "server is behind", "length": s.cache.length}
-        if pos + t > s.cache.max_length:
-            raise WireError("too-large", f"session length {s.cache.max_length} exceeded")
+        adm = self.core.admit_forward(now, sender, sid, span, pos, t, max_length)
+        if isinstance(adm, Refusal):
+            raise WireError(adm.code, adm.detail)
+        s = adm.session
+        if adm.created:
+            s.cache = self._blocks[span].new_cache(max_length)
+        if adm.refusal is not None:
+            r = adm.refusal
+            if r.code == "pos-mismatch":  # an answer, not an error: the client resyncs
+                return {"ok": False, "error": "pos-mismatch", "detail": r.detail, "length": r.length}
+            raise WireError(r.code, r.detail)
         s.cache.truncate(pos)  # a no-op unless the client is retrying a step
-        s.last_used = now
-        item = _Item(s, hidden.to(self.span.dtype))
-        s.busy = True
-        t0 = time.perf_counter()
-        try:
-            await self._run(item)
-        finally:
-            s.busy = False
-            s.last_used = self.clock()
-        if item.error is not None:
-            raise WireError("internal", item.error)
+        item = _Item(adm.key, s, hidden.to(self.span.dtype))
+        t0 = await self._compute_items([item], [t])
         self.stats.tokens += t
-        took = time.perf_counter() - t0
-        for fn in self.observers:
-            try:
-                fn(t, took, item.batch)
-            except Exception:  # an observer's bug must not fail the request
-                log.exception("observer failed")
+        self._answered(t, t0, item.batch)
         return {"ok": True, "hidden": {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result},
                 "length": s.cache.length}
 
@@ -312,9 +347,7 @@ class BlockServer:
         """``step``: one decode position for each of N open sessions of
         ``sender``, in one batch. Every session is checked before any cache
         moves (all or nothing)."""
-        span = get_field(msg, "span", list)
-        if span != [self.start, self.end]:
-            raise WireError("wrong-span", f"this peer serves blocks [{self.start}, {self.end})")
+        span = self._span_of(msg)
         sids, poss, lens = (get_field(msg, k, list) for k in ("sessions", "pos", "max_length"))
         n = len(sids)
         if not 1 <= n <= self.limits.max_batch:
@@ -328,97 +361,70 @@ class BlockServer:
             raise WireError("bad-request", f"hidden must be ({n}, {self.hidden_size})")
         if not torch.isfinite(hidden).all():
             raise WireError("bad-request", "hidden holds non-finite values")
-        sessions: list[_Session] = []
+        sessions: list[Session] = []
         for i, (sid, pos, ml) in enumerate(zip(sids, poss, lens)):
             if type(sid) is not bytes or len(sid) != SESSION_ID_BYTES:
                 raise WireError("bad-request", f"session id must be {SESSION_ID_BYTES} bytes (index {i})")
             if type(pos) is not int or type(ml) is not int or not 0 <= pos < (1 << 24) or not 1 <= ml < (1 << 24):
                 raise WireError("bad-request", f"pos and max_length must be small non-negative ints (index {i})")
-            s = self.sessions.get((sender, sid))
-            if s is None:
-                return self._refuse("unknown-session", i, "no such session (expired?): replay from position 0")
-            if s.busy:
-                return self._refuse("busy", i, "a step of this session is running")
-            if pos > s.cache.length:
-                return self._refuse("pos-mismatch", i, "server is behind", length=s.cache.length)
-            if pos + 1 > s.cache.max_length:
-                return self._refuse("too-large", i, f"session length {s.cache.max_length} exceeded")
-            sessions.append(s)
+            got = self.core.check_step(sender, sid, span, pos)
+            if isinstance(got, Refusal):
+                extra = {"length": got.length} if got.length is not None else {}
+                return self._refuse(got.code, i, got.detail, **extra)
+            sessions.append(got)
         hidden = hidden.to(self.span.dtype)
+        self.core.begin(now, sessions, poss)
         items = []
-        for i, (s, pos) in enumerate(zip(sessions, poss)):
+        for i, (s, sid, pos) in enumerate(zip(sessions, sids, poss)):
             s.cache.truncate(pos)
-            s.last_used = now
-            s.busy = True
-            items.append(_Item(s, hidden[i : i + 1]))
-        t0 = time.perf_counter()
-        try:
-            await self._run(*items)
-        finally:
-            for s in sessions:
-                s.busy = False
-                s.last_used = self.clock()
-        bad = next((it.error for it in items if it.error is not None), None)
-        if bad is not None:
-            raise WireError("internal", bad)
+            items.append(_Item((sender, sid, *span), s, hidden[i : i + 1]))
+        t0 = await self._compute_items(items, [1] * n)
         self.stats.tokens += n
         self.stats.step_requests += 1
-        took = time.perf_counter() - t0
-        for fn in self.observers:
-            try:
-                fn(n, took, max(it.batch for it in items))
-            except Exception:  # an observer's bug must not fail the request
-                log.exception("observer failed")
+        self._answered(n, t0, max(it.batch for it in items))
         data = b"".join(it.result or b"" for it in items)
         return {"ok": True, "hidden": {"dtype": self.dtype_name, "shape": [n, self.hidden_size], "data": data},
                 "length": [s.cache.length for s in sessions]}
 
     async def _run(self, *items: _Item) -> None:
         """Queue ``items`` for the next forward and wait until each is computed
-        (the caller that finds no forward running computes one batch)."""
-        self._pending.extend(items)
+        (the caller that finds no forward running computes the batch the core
+        picks)."""
+        core = self.core
+        for it in items:
+            core.enqueue(it, it.key, it.hidden.shape[0])
         try:
             while any(it.result is None and it.error is None for it in items):
-                if self._running:
+                if core.running:
                     await self._changed.wait()
                     continue
-                batch = self._take()
-                self._running = True
+                batch: list[_Item] = core.take_batch()
                 try:
-                    await trio.to_thread.run_sync(self._compute, batch)
+                    block = self._blocks.get(batch[0].key[2:])
+                    await trio.to_thread.run_sync(self._compute, block, batch)
                 finally:
-                    self._running = False
+                    core.batch_done()
                     ev, self._changed = self._changed, trio.Event()
                     ev.set()
         finally:
             for it in items:
-                if it in self._pending:  # cancelled while queued
-                    self._pending.remove(it)
+                core.cancel(it)  # cancelled while queued
 
-    def _take(self) -> list[_Item]:
-        t = self._pending[0].hidden.shape[0]
-        batch, rest = [], []
-        for it in self._pending:
-            if it.hidden.shape[0] == t and len(batch) < self.limits.max_batch and len(batch) * t < self.max_tokens:
-                batch.append(it)
-            else:
-                rest.append(it)
-        self._pending = rest
-        return batch
-
-    def _compute(self, batch: list[_Item]) -> None:
+    def _compute(self, block: LlamaBlockSpan | None, batch: list[_Item]) -> None:
         """Worker thread: one forward for the whole batch; fills each item."""
         t0 = time.perf_counter()
         live = [it for it in batch if not it.session.closed]
         for it in batch:
             if it.session.closed:
                 it.error = "session closed"
-        if not live:
+        if not live or block is None:
+            for it in live:
+                it.error = "span dropped"
             return
         try:
             x = torch.stack([it.hidden for it in live])
             with torch.inference_mode():
-                out = self.span(x, [it.session.cache for it in live]).contiguous()
+                out = block(x, [it.session.cache for it in live]).contiguous()
             raw = out.view(torch.uint8).numpy()
             for i, it in enumerate(live):
                 it.result = raw[i].tobytes()
@@ -454,45 +460,6 @@ def parse_blocks(text: str | None, num_layers: int) -> tuple[int, int]:
     return start, end
 
 
-def choose_span(
-    spans: list[tuple[str, int, int, float]],
-    num_layers: int,
-    n_blocks: int,
-    *,
-    self_id: str = "",
-    current: tuple[int, int] | None = None,
-    min_gain: float = 1.5,
-) -> tuple[int, int]:
-    """Petals-style allocation: the ``n_blocks`` window whose weakest block has
-    the least serving throughput among ``spans`` ((peer, start, end, tok/s)).
-
-    Our own spans are ignored. With ``current`` given, it is kept unless the
-    best window's bottleneck is ``min_gain`` times worse than current's (so
-    peers do not flap between equally good choices). Ties break on a hash of
-    ``self_id`` so peers that join together spread out.
-    """
-    import hashlib
-
-    n_blocks = max(1, min(n_blocks, num_layers))
-    per_block = [0.0] * num_layers
-    for peer, a, b, thr in spans:
-        if peer == self_id:
-            continue
-        for i in range(max(a, 0), min(b, num_layers)):
-            per_block[i] += max(thr, 0.0)
-
-    def key(s: int) -> tuple[float, float, bytes]:
-        w = per_block[s : s + n_blocks]
-        return (min(w), sum(w), hashlib.sha256(f"{self_id}:{s}".encode()).digest())
-
-    best = min(range(num_layers - n_blocks + 1), key=key)
-    if current is not None and current[1] - current[0] == n_blocks:
-        cur = per_block[current[0] : current[1]]
-        if min(cur) <= min_gain * key(best)[0] or min(cur) == 0:
-            return current
-    return best, best + n_blocks
-
-
 def measure_throughput(span: LlamaBlockSpan, *, steps: int = 5) -> float:
     """Single-session decode tokens/s through ``span`` (median of ``steps``)."""
     cache = span.new_cache(steps + 2)
@@ -508,6 +475,82 @@ def measure_throughput(span: LlamaBlockSpan, *, steps: int = 5) -> float:
     return float(f"{tps:.3g}")
 
 
+def parse_auto(blocks: str | None, num_layers: int) -> int | None:
+    """``auto`` -> half the model's blocks, ``auto:N`` -> N (at most all of
+    them); None for a fixed span."""
+    if not blocks or not blocks.startswith("auto"):
+        return None
+    n = int(blocks.split(":", 1)[1]) if ":" in blocks else num_layers // 2
+    return max(1, min(n, num_layers))
+
+
+def swarm_spans(core: Any, model: str, now: float) -> list[SpanAd]:
+    """The spans of ``model`` that the live, not leaving peers of ``core``'s
+    view advertise (our own entry included: the serving core skips it)."""
+    return [
+        SpanAd(e.peer, sp.start, sp.end, sp.throughput)
+        for e in core.view.live(now)
+        if not e.state.leaving
+        for sp in e.state.spans
+        if sp.model == model
+    ]
+
+
+async def keep_placed(server: BlockServer, core: Any, transport: Any, load: Callable[[int, int], LlamaBlockSpan],
+                      *, now: Callable[[], float] = time.time) -> None:
+    """The placement timer of a ``--blocks auto`` peer, until cancelled: feed
+    ``server.core`` the swarm's spans every tick and perform what it decides
+    (load a span off the event loop, probe holders, advertise, drop)."""
+    from .core.wire import Span
+
+    sc = server.core
+
+    def perform(effects: list[Any], nursery: trio.Nursery) -> None:
+        for e in effects:
+            if isinstance(e, LoadSpan):
+                nursery.start_soon(load_one, e, nursery)
+            elif isinstance(e, Probe):
+                nursery.start_soon(probe, e)
+            elif isinstance(e, Advertise):
+                core.set_spans(tuple(Span(server.model_hash, a, b, thr) for a, b, thr in e.spans))
+                log.info("span change", extra={"fields": {"spans": [[a, b] for a, b, _ in e.spans],
+                                                          "span_changes": sc.span_changes}})
+            elif isinstance(e, DropSpan):
+                server._blocks.pop((e.start, e.end), None)
+                log.info("span dropped", extra={"fields": {"span": [e.start, e.end],
+                                                           "sessions_dropped": sc.sessions_dropped}})
+
+    async def load_one(e: LoadSpan, nursery: trio.Nursery) -> None:
+        t0 = time.perf_counter()
+        try:
+            span = await trio.to_thread.run_sync(load, e.start, e.end)
+            thr = await trio.to_thread.run_sync(measure_throughput, span)
+        except Exception as exc:  # a failed load leaves the old span serving
+            log.exception("span load failed")
+            effects = sc.handle(server.clock(), SpanLoadFailed(e.start, e.end, type(exc).__name__))
+        else:
+            server._blocks[(e.start, e.end)] = span
+            effects = sc.handle(server.clock(), SpanLoaded(e.start, e.end, thr, _bytes_per_pos(span),
+                                                           time.perf_counter() - t0))
+        perform(effects, nursery)
+
+    async def probe(e: Probe) -> None:
+        ok = False
+        with trio.move_on_after(e.timeout_s + 1.0):
+            try:
+                raw = await transport.request(e.peer, PROTOCOL, encode({"v": WIRE_VERSION, "op": "info"}),
+                                              timeout=e.timeout_s)
+                ok = decode(raw).get("ok") is True
+            except Exception:  # unreachable, refused, garbled: all say the same
+                ok = False
+        sc.handle(server.clock(), ProbeDone(e.peer, ok))
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            perform(sc.poll(server.clock(), swarm_spans(core, server.model_hash, now())), nursery)
+            await trio.sleep(max(sc.next_deadline() - server.clock(), 0.05))
+
+
 async def start_block_server(
     transport: Any,
     core: Any,
@@ -518,13 +561,20 @@ async def start_block_server(
     device: str = "cpu",
     dtype: str | None = None,
     return_server: bool = False,
+    nursery: trio.Nursery | None = None,
+    policy: PlacementPolicy | None = None,
+    now: Callable[[], float] = time.time,
 ) -> Any:
     """Load blocks ``A..B-1`` of the checkpoint (only those tensors), serve
     them under ``PROTOCOL`` on ``transport`` and advertise the span in the
     core's signed ``PeerState``.
 
-    Returns a JSON-able description (or the ``BlockServer`` with
-    ``return_server=True``). ``blocks`` is ``"A:B"``; ``None`` serves all.
+    ``blocks`` is ``"A:B"``; ``None`` serves all; ``"auto"`` / ``"auto:N"``
+    takes the N-block window (default: half the model) with the least serving
+    throughput among the spans in the view, and -- given a ``nursery`` --
+    keeps it placed (``keep_placed``, with ``policy`` or the default
+    ``PlacementPolicy``). ``now`` is the view's clock. Returns a JSON-able
+    description (or the ``BlockServer`` with ``return_server=True``).
     """
     from .core.wire import Span
 
@@ -535,29 +585,32 @@ async def start_block_server(
     cfg = load_config(d)
     t0 = time.perf_counter()
     mhash = await trio.to_thread.run_sync(model_hash, d)
-    if blocks == "auto" or (blocks or "").startswith("auto"):
-        # "auto" or "auto:N": the N-block window (default: half the model)
-        # with the least serving throughput among the spans in our view
-        n = int(blocks.split(":", 1)[1]) if ":" in blocks else max(1, cfg.num_hidden_layers // 2)
-        entries = [core.view.get(p) for p in core.view.peers()]
-        spans = [
-            (e.peer, sp.start, sp.end, sp.throughput)
-            for e in entries
-            if e is not None and not e.state.leaving
-            for sp in e.state.spans
-            if sp.model == mhash
-        ]
-        start, end = choose_span(spans, cfg.num_hidden_layers, n, self_id=core.id)
+    n_auto = parse_auto(blocks, cfg.num_hidden_layers)
+    if n_auto is not None:
+        ads = swarm_spans(core, mhash, now())
+        start, end = choose_span([(a.peer, a.start, a.end, a.throughput) for a in ads], cfg.num_hidden_layers,
+                                 n_auto, self_id=core.id)
     else:
         start, end = parse_blocks(blocks, cfg.num_hidden_layers)
-    span = await trio.to_thread.run_sync(lambda: load_block_span(d, start, end, device=device, dtype=dtype))
+
+    def load(a: int, b: int) -> LlamaBlockSpan:
+        return load_block_span(d, a, b, device=device, dtype=dtype)
+
+    span = await trio.to_thread.run_sync(load, start, end)
     load_s = time.perf_counter() - t0
     thr = await trio.to_thread.run_sync(measure_throughput, span)
-    server = BlockServer(span, mhash, limits=limits)
+    placing = n_auto is not None and nursery is not None
+    if placing and policy is None:
+        policy = PlacementPolicy(n_blocks=end - start)
+    server = BlockServer(span, mhash, limits=limits, self_id=core.id, policy=policy if placing else None,
+                         throughput=thr)
     server.model_name = Path(str(model_dir)).name  # what the dashboard calls it
     transport.set_request_handler(PROTOCOL, server.handle)
     core.set_spans((Span(mhash, start, end, thr),))
+    if placing:
+        assert nursery is not None
+        nursery.start_soon(lambda: keep_placed(server, core, transport, load, now=now))
     desc = {"model": mhash, "dir": str(d), "blocks": [start, end], "throughput": thr, "load_s": round(load_s, 3),
-            "protocol": PROTOCOL}
+            "protocol": PROTOCOL, "placement": "auto" if placing else "fixed"}
     log.info("serving blocks", extra={"fields": desc})
     return server if return_server else desc

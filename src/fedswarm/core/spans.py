@@ -1,0 +1,622 @@
+"""The serving side of LLM layer serving as a sans-IO state machine.
+
+``ServingCore`` is what one serving peer decides, with no torch, sockets or
+clocks in it (time is an argument, tensors are opaque handles it never
+touches):
+
+* the **session table**: sessions keyed by (transport-authenticated sender,
+  session id, span start, span end), each with its length, capacity and the
+  KV-cache bytes it holds;
+* **admission** against ``ServerLimits`` (open sessions, cache bytes of all
+  sessions together, positions per session) and the position rules of the
+  wire protocol (``fedswarm.llm_protocol``): a refusal is a ``Refusal`` with
+  the protocol's error code;
+* **expiry** of sessions idle (and not computing) for ``idle_timeout_s``;
+* **batch decisions**: queued steps (opaque ids with their token counts)
+  and which of them form the next forward (one at a time);
+* **span placement** (``PlacementPolicy``; only with ``--blocks auto``): on a
+  timer (``poll``) it re-reads the swarm's advertised spans and decides
+  whether this peer should move, loads the new span while the old one still
+  serves (``LoadSpan``), switches (``Advertise``), drains the old span's
+  sessions (bounded) and drops it (``DropSpan``). It probes the other span
+  holders (``Probe``): a state in the view outlives a crashed peer by up to
+  its TTL, a probe that fails twice does not.
+
+The runtime (``fedswarm.llm_serving.BlockServer``) performs the effects: it
+runs the forwards on torch off the event loop, loads spans from the
+checkpoint, sends probes and puts the advertised spans into the peer's
+signed state.
+
+Placement rule (see ``ServingCore._plan``): per block, the swarm's serving
+throughput is the sum of the advertised tokens/s of the live spans over it.
+A layout is scored by its uncovered blocks (fewer first), then by its sorted
+per-block throughputs (larger first: "leximin"). A peer moves when the move
+covers a block nobody serves, or raises the bottleneck (the least served
+block) by ``min_gain`` times and it has held its span ``min_dwell_s``.
+Every peer works out the same for every span holder; holders whose move
+would help are ranked (best resulting layout first, then a hash of the peer
+id and the need, so peers that see the same gap do not all jump into it).
+The first moves at once, the k-th only after the need has lasted ``k *
+patience_s`` (it did not move: a static peer, a failed load).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ServerLimits",
+    "ServerStats",
+    "PlacementPolicy",
+    "Session",
+    "SessionKey",
+    "Refusal",
+    "Admission",
+    "SpanAd",
+    "ServingCore",
+    "SpanLoaded",
+    "SpanLoadFailed",
+    "ProbeDone",
+    "LoadSpan",
+    "DropSpan",
+    "Advertise",
+    "Probe",
+    "choose_span",
+    "per_block",
+    "layout_score",
+]
+
+#: (sender, session id, span start, span end)
+SessionKey = tuple[str, bytes, int, int]
+SpanRange = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one serving peer accepts (every request is checked against these)."""
+
+    max_tokens_per_request: int = 1024  # new positions in one forward request
+    max_sessions: int = 64
+    max_session_length: int = 2048  # positions per session (also <= max_position_embeddings)
+    max_cache_bytes: int = 128 * 1024 * 1024  # KV caches of all sessions together
+    max_batch: int = 32  # sessions' steps batched into one forward
+    idle_timeout_s: float = 300.0
+
+
+@dataclass
+class ServerStats:
+    requests: int = 0
+    step_requests: int = 0  # multi-session ``step`` requests answered
+    errors: int = 0
+    forwards: int = 0  # forward calls on the span (batches)
+    steps: int = 0  # session steps computed
+    batched_steps: int = 0  # steps that shared a forward with another session
+    max_batch: int = 0
+    tokens: int = 0
+    sessions_opened: int = 0
+    sessions_closed: int = 0
+    sessions_expired: int = 0
+    compute_s: float = 0.0
+    by_error: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlacementPolicy:
+    """How a ``--blocks auto`` peer keeps its span placed."""
+
+    n_blocks: int  # size of the span this peer serves
+    tick_s: float = 2.0  # re-evaluation (and probe) interval
+    min_gain: float = 1.5  # a move for throughput must raise the bottleneck this many times
+    min_dwell_s: float = 30.0  # ... and the span must have been held this long
+    patience_s: float = 5.0  # the k-th ranked mover waits k times this
+    drain_s: float = 60.0  # longest wait for the old span's sessions after a switch
+    probe_timeout_s: float = 2.0
+    max_probes: int = 8  # probes per tick (round robin over the holders)
+    suspect_after: int = 2  # consecutive failed probes that make a holder count as gone
+
+
+@dataclass
+class Session:
+    span: SpanRange
+    length: int  # positions held in the cache
+    max_length: int
+    nbytes: int
+    last_used: float
+    busy: bool = False
+    closed: bool = False
+    #: the runtime's KV cache (opaque here)
+    cache: Any = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request refused with the protocol's error ``code``."""
+
+    code: str
+    detail: str
+    length: int | None = None  # the server's length, for ``pos-mismatch``
+
+
+@dataclass(frozen=True)
+class Admission:
+    key: SessionKey
+    session: Session
+    created: bool  # a new session (the runtime gives it a cache)
+    refusal: Refusal | None = None  # set: refused after creating it (as the protocol has it)
+
+
+@dataclass(frozen=True)
+class SpanAd:
+    """A span some peer advertises (from the swarm view)."""
+
+    peer: str
+    start: int
+    end: int
+    throughput: float
+
+
+# -- inputs and effects of placement ------------------------------------------
+
+@dataclass(frozen=True)
+class SpanLoaded:
+    start: int
+    end: int
+    throughput: float  # tokens/s measured through it
+    bytes_per_pos: int  # KV-cache bytes one session position costs
+    load_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpanLoadFailed:
+    start: int
+    end: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeDone:
+    peer: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class LoadSpan:
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class DropSpan:
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Advertise:
+    spans: tuple[tuple[int, int, float], ...]  # (start, end, tokens/s) of the spans that take new sessions
+
+
+@dataclass(frozen=True)
+class Probe:
+    peer: str
+    timeout_s: float
+
+
+@dataclass
+class _SpanSlot:
+    bytes_per_pos: int
+    throughput: float
+    since: float
+    draining: bool = False
+    drain_until: float = float("inf")
+
+
+@dataclass
+class _Queued:
+    item: Any
+    key: SessionKey
+    tokens: int
+
+
+# -- scoring ------------------------------------------------------------------
+
+def per_block(spans: Iterable[tuple[int, int, float]], num_layers: int) -> list[float]:
+    """Serving throughput per block: the sum over the spans that hold it."""
+    out = [0.0] * num_layers
+    for a, b, thr in spans:
+        for i in range(max(a, 0), min(b, num_layers)):
+            out[i] += max(thr, 0.0)
+    return out
+
+
+def layout_score(blocks: Sequence[float]) -> tuple[int, tuple[float, ...]]:
+    """Smaller is better: uncovered blocks, then the sorted throughputs
+    negated (so a layout with a larger bottleneck, then a larger second
+    least served block, ... wins)."""
+    return sum(1 for x in blocks if x <= 0.0), tuple(-x for x in sorted(blocks))
+
+
+def _hash(*parts: object) -> bytes:
+    return hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+
+
+def choose_span(
+    spans: list[tuple[str, int, int, float]],
+    num_layers: int,
+    n_blocks: int,
+    *,
+    self_id: str = "",
+    current: tuple[int, int] | None = None,
+    min_gain: float = 1.5,
+) -> tuple[int, int]:
+    """Petals-style allocation: the ``n_blocks`` window whose weakest block has
+    the least serving throughput among ``spans`` ((peer, start, end, tok/s)).
+
+    Our own spans are ignored. With ``current`` given, it is kept unless the
+    best window's bottleneck is ``min_gain`` times worse than current's (so
+    peers do not flap between equally good choices). Ties break on a hash of
+    ``self_id`` so peers that join together spread out.
+    """
+    n_blocks = max(1, min(n_blocks, num_layers))
+    blocks = per_block(((a, b, thr) for peer, a, b, thr in spans if peer != self_id), num_layers)
+
+    def key(s: int) -> tuple[float, float, bytes]:
+        w = blocks[s : s + n_blocks]
+        return (min(w), sum(w), _hash(self_id, s))
+
+    best = min(range(num_layers - n_blocks + 1), key=key)
+    if current is not None and current[1] - current[0] == n_blocks:
+        cur = blocks[current[0] : current[1]]
+        if min(cur) <= min_gain * key(best)[0] or min(cur) == 0:
+            return current
+    return best, best + n_blocks
+
+
+def _best_move(others: list[float], n: int, thr: float, current: SpanRange, tie: str) -> tuple[SpanRange, list[float]]:
+    """The window of ``n`` blocks that gives the best layout when a peer of
+    ``thr`` tokens/s serves it on top of ``others``; the current one wins ties."""
+    def after(s: int) -> list[float]:
+        v = list(others)
+        for i in range(s, s + n):
+            v[i] += thr
+        return v
+
+    best: tuple[Any, ...] | None = None
+    for s in range(len(others) - n + 1):
+        v = after(s)
+        k = (layout_score(v), (s, s + n) != current, _hash(tie, s))
+        if best is None or k < best[0]:
+            best = (k, (s, s + n), v)
+    assert best is not None
+    return best[1], best[2]
+
+
+# -- the state machine ----------------------------------------------------------
+
+class ServingCore:
+    """Sessions, admission, expiry, batching and span placement of one
+    serving peer. See the module docstring; every method takes ``now``
+    where time matters and does no I/O."""
+
+    def __init__(
+        self,
+        self_id: str,
+        limits: ServerLimits | None = None,
+        *,
+        max_length: int,
+        max_tokens: int,
+        num_layers: int = 0,
+        policy: PlacementPolicy | None = None,
+    ) -> None:
+        self.id = self_id
+        self.limits = limits or ServerLimits()
+        self.max_length = max_length  # positions per session
+        self.max_tokens = max_tokens  # positions per request
+        self.num_layers = num_layers
+        self.policy = policy
+        self.spans: dict[SpanRange, _SpanSlot] = {}
+        self.primary: SpanRange | None = None  # the span new sessions are steered to
+        self.sessions: dict[SessionKey, Session] = {}
+        self.cache_bytes = 0
+        self.stats = ServerStats()
+        self.span_changes = 0
+        self.sessions_dropped = 0  # still open when their span was dropped
+        self._pending: list[_Queued] = []
+        self.running = False  # a forward is computing
+        # placement
+        self.loading: SpanRange | None = None
+        self.load_s = 0.0  # how long our last span load took
+        self.last_change = 0.0
+        self.suspects: dict[str, int] = {}  # holder -> consecutive failed probes
+        self._probing: set[str] = set()
+        self._probe_cursor = ""
+        self._need_since: dict[tuple[Any, ...], float] = {}
+        self._next_tick = 0.0
+        self.decisions: list[dict[str, Any]] = []  # the last moves decided (bounded), for /status and tests
+
+    # -- spans ------------------------------------------------------------------
+    def add_span(self, now: float, start: int, end: int, *, bytes_per_pos: int, throughput: float) -> None:
+        """A span is loaded and serves from now on (the first one, or a switch)."""
+        self.spans[(start, end)] = _SpanSlot(bytes_per_pos, throughput, now)
+        self.primary = (start, end)
+        self.last_change = now
+
+    def accepts(self, span: SpanRange) -> bool:
+        return span in self.spans
+
+    def advertised(self) -> tuple[tuple[int, int, float], ...]:
+        return tuple((a, b, s.throughput) for (a, b), s in sorted(self.spans.items()) if not s.draining)
+
+    def span_sessions(self, span: SpanRange) -> int:
+        return sum(1 for s in self.sessions.values() if s.span == span)
+
+    # -- sessions -----------------------------------------------------------------
+    def admit_forward(self, now: float, sender: str, sid: bytes, span: SpanRange, pos: int, tokens: int,
+                      max_length: int) -> Admission | Refusal:
+        """``forward``: find or create the session and check the positions; on
+        success it is busy and rolled back to ``pos`` (``begin``)."""
+        key = (sender, sid, span[0], span[1])
+        s = self.sessions.get(key)
+        created = False
+        if s is None:
+            if pos != 0:
+                return Refusal("unknown-session", "no such session (expired?): replay from position 0")
+            if max_length > self.max_length:
+                return Refusal("too-large", f"max_length above {self.max_length}")
+            if len(self.sessions) >= self.limits.max_sessions:
+                return Refusal("full", f"{len(self.sessions)} sessions open")
+            nbytes = max_length * self.spans[span].bytes_per_pos
+            if self.cache_bytes + nbytes > self.limits.max_cache_bytes:
+                return Refusal("full", "KV cache memory exhausted")
+            s = Session(span, 0, max_length, nbytes, now)
+            self.sessions[key] = s
+            self.cache_bytes += nbytes
+            self.stats.sessions_opened += 1
+            created = True
+        ref = self._check(s, pos, tokens)
+        if ref is None:
+            self.begin(now, [s], [pos])
+        return Admission(key, s, created, ref)
+
+    def check_step(self, sender: str, sid: bytes, span: SpanRange, pos: int) -> Session | Refusal:
+        """One session of a ``step`` (one new position); nothing changes."""
+        s = self.sessions.get((sender, sid, span[0], span[1]))
+        if s is None:
+            return Refusal("unknown-session", "no such session (expired?): replay from position 0")
+        return self._check(s, pos, 1) or s
+
+    @staticmethod
+    def _check(s: Session, pos: int, tokens: int) -> Refusal | None:
+        if s.busy:
+            return Refusal("busy", "a step of this session is running")
+        if pos > s.length:
+            return Refusal("pos-mismatch", "server is behind", s.length)
+        if pos + tokens > s.max_length:
+            return Refusal("too-large", f"session length {s.max_length} exceeded")
+        return None
+
+    def begin(self, now: float, sessions: Sequence[Session], poss: Sequence[int]) -> None:
+        """Sessions about to compute: rolled back to ``pos`` (a retried step) and busy."""
+        for s, pos in zip(sessions, poss):
+            s.length = min(s.length, pos)
+            s.last_used = now
+            s.busy = True
+
+    def finish(self, now: float, sessions: Sequence[Session], tokens: Sequence[int], ok: bool) -> None:
+        """Their forward is over: ``tokens`` positions each were appended (if ``ok``)."""
+        for s, t in zip(sessions, tokens):
+            s.busy = False
+            s.last_used = now
+            if ok:
+                s.length += t
+
+    def free(self, key: SessionKey) -> bool:
+        s = self.sessions.pop(key, None)
+        if s is None:
+            return False
+        s.closed = True
+        self.cache_bytes -= s.nbytes
+        return True
+
+    def close(self, sender: str, sid: bytes) -> bool:
+        """``close``: free the sender's session ``sid`` on every span here."""
+        keys = [k for k in self.sessions if k[0] == sender and k[1] == sid]
+        for k in keys:
+            self.free(k)
+        if keys:
+            self.stats.sessions_closed += 1
+        return bool(keys)
+
+    def expire(self, now: float) -> int:
+        """Drop sessions idle for longer than ``idle_timeout_s``; return how many."""
+        dead = [k for k, s in self.sessions.items() if not s.busy and now - s.last_used > self.limits.idle_timeout_s]
+        for k in dead:
+            self.free(k)
+        self.stats.sessions_expired += len(dead)
+        return len(dead)
+
+    # -- batching -----------------------------------------------------------------
+    def enqueue(self, item: Any, key: SessionKey, tokens: int) -> None:
+        """A step waits for a forward (``item``: the runtime's handle)."""
+        self._pending.append(_Queued(item, key, tokens))
+
+    def cancel(self, item: Any) -> None:
+        """A queued step whose caller went away (no-op once it was taken)."""
+        self._pending = [q for q in self._pending if q.item is not item]
+
+    def take_batch(self) -> list[Any]:
+        """The next forward: the queued steps with the first one's token count
+        and span, up to ``max_batch`` sessions (and about ``max_tokens``
+        positions). Empty while a forward runs; ``batch_done`` ends it."""
+        if self.running or not self._pending:
+            return []
+        first = self._pending[0]
+        t, span = first.tokens, first.key[2:]
+        batch: list[Any] = []
+        rest = []
+        for q in self._pending:
+            if q.tokens == t and q.key[2:] == span and len(batch) < self.limits.max_batch and len(batch) * t < self.max_tokens:
+                batch.append(q.item)
+            else:
+                rest.append(q)
+        self._pending = rest
+        self.running = True
+        return batch
+
+    def batch_done(self) -> None:
+        self.running = False
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    # -- placement ------------------------------------------------------------------
+    def next_deadline(self) -> float:
+        return self._next_tick
+
+    def poll(self, now: float, swarm: Sequence[SpanAd] = ()) -> list[Any]:
+        """The timer: expire sessions, finish drains, and (with a policy, once
+        per ``tick_s``) probe holders and re-plan against ``swarm``: the
+        spans of this model in the view (other peers' and our own stale ones)."""
+        self.expire(now)
+        out: list[Any] = self._drains(now)
+        pol = self.policy
+        if pol is None or now < self._next_tick:
+            return out
+        self._next_tick = now + pol.tick_s
+        holders = sorted({a.peer for a in swarm if a.peer != self.id})
+        for p in [p for p in self.suspects if p not in holders]:
+            del self.suspects[p]  # left the view
+        out.extend(self._probes(holders))
+        if self.loading is None and not any(s.draining for s in self.spans.values()):
+            out.extend(self._plan(now, swarm))
+        return out
+
+    def handle(self, now: float, inp: Any) -> list[Any]:
+        if isinstance(inp, ProbeDone):
+            self._probing.discard(inp.peer)
+            if inp.ok:
+                self.suspects.pop(inp.peer, None)
+            else:
+                self.suspects[inp.peer] = self.suspects.get(inp.peer, 0) + 1
+            return []
+        if isinstance(inp, SpanLoaded):
+            return self._loaded(now, inp)
+        if isinstance(inp, SpanLoadFailed):
+            if self.loading == (inp.start, inp.end):
+                self.loading = None
+                self._note(now, "load-failed", (inp.start, inp.end), inp.error)
+            return []
+        raise TypeError(f"not an input: {type(inp).__name__}")
+
+    def gone(self, peer: str) -> bool:
+        pol = self.policy
+        return pol is not None and self.suspects.get(peer, 0) >= pol.suspect_after
+
+    def _probes(self, holders: list[str]) -> list[Any]:
+        pol = self.policy
+        assert pol is not None
+        # round robin: the holders after the last one probed, then from the start
+        order = [p for p in holders if p > self._probe_cursor] + [p for p in holders if p <= self._probe_cursor]
+        out = []
+        for p in order:
+            if len(out) >= pol.max_probes:
+                break
+            if p in self._probing:
+                continue
+            self._probing.add(p)
+            self._probe_cursor = p
+            out.append(Probe(p, pol.probe_timeout_s))
+        return out
+
+    def _drains(self, now: float) -> list[Any]:
+        out: list[Any] = []
+        for span, slot in list(self.spans.items()):
+            if not slot.draining:
+                continue
+            left = [k for k, s in self.sessions.items() if s.span == span]
+            busy = any(self.sessions[k].busy for k in left)
+            if not left or (now >= slot.drain_until and not busy):
+                for k in left:
+                    self.free(k)
+                self.sessions_dropped += len(left)
+                del self.spans[span]
+                out.append(DropSpan(*span))
+        return out
+
+    def _loaded(self, now: float, ev: SpanLoaded) -> list[Any]:
+        new = (ev.start, ev.end)
+        if self.loading != new:
+            return [] if new in self.spans else [DropSpan(*new)]  # not asked for (any more)
+        self.loading = None
+        self.load_s = ev.load_s
+        old = self.primary
+        self.add_span(now, ev.start, ev.end, bytes_per_pos=ev.bytes_per_pos, throughput=ev.throughput)
+        self.span_changes += 1
+        if old is not None and old != new:
+            slot = self.spans[old]
+            slot.draining = True
+            slot.drain_until = now + (self.policy.drain_s if self.policy else 0.0)
+        return [Advertise(self.advertised()), *self._drains(now)]
+
+    def _note(self, now: float, what: str, span: SpanRange, why: Any) -> None:
+        self.decisions.append({"t": round(now, 3), "what": what, "span": list(span), "why": why})
+        del self.decisions[:-16]
+
+    def _plan(self, now: float, swarm: Sequence[SpanAd]) -> list[Any]:
+        pol = self.policy
+        assert pol is not None and self.primary is not None
+        L = self.num_layers
+        mine = self.primary
+        my_thr = self.spans[mine].throughput
+        held: dict[str, list[tuple[int, int, float]]] = {}
+        for a in swarm:
+            if a.peer != self.id and not self.gone(a.peer):
+                held.setdefault(a.peer, []).append((a.start, a.end, a.throughput))
+        held[self.id] = [(mine[0], mine[1], my_thr)]
+        now_blocks = per_block((sp for spans in held.values() for sp in spans), L)
+        uncovered = tuple(i for i, x in enumerate(now_blocks) if x <= 0.0)
+        need: tuple[Any, ...] = ("gap", uncovered) if uncovered else ("thr",)
+        for k in [k for k in self._need_since if k != need]:
+            del self._need_since[k]
+
+        def move_of(peer: str) -> tuple[Any, SpanRange] | None:
+            spans = held[peer]
+            if len(spans) != 1:
+                return None  # several spans: not one of ours (auto peers serve one)
+            a, b, thr = spans[0]
+            others = per_block((sp for q, sps in held.items() if q != peer for sp in sps), L)
+            cur = (a, b)
+            w, after = _best_move(others, b - a, thr, cur, peer)
+            if w == cur:
+                return None
+            before_u, after_u = len(uncovered), sum(1 for x in after if x <= 0.0)
+            if after_u < before_u:
+                pass  # covers a block nobody serves
+            elif before_u == 0 and after_u == 0 and min(after) >= pol.min_gain * min(now_blocks) > 0.0:
+                if peer == self.id and now - self.last_change < pol.min_dwell_s:
+                    return None
+            else:
+                return None
+            return (layout_score(after), _hash(peer, need)), w
+
+        me = move_of(self.id)
+        if me is None:
+            return []
+        since = self._need_since.setdefault(need, now)
+        rank = 0
+        for p in held:
+            if p != self.id:
+                m = move_of(p)
+                if m is not None and m[0] < me[0]:
+                    rank += 1
+        if now - since < rank * (pol.patience_s + 2 * self.load_s):
+            return []
+        w = me[1]
+        self.loading = w
+        self._note(now, "move", w, {"from": list(mine), "need": list(need[1]) if uncovered else "throughput",
+                                     "rank": rank})
+        return [LoadSpan(*w)]
