@@ -415,7 +415,8 @@ def _cmd_status(a: argparse.Namespace) -> int:
     print(f"\n{len(spans)} spans served here, {st.get('span_changes', 0)} span changes, "
           f"{len(st.get('sessions', []))} open sessions")
     for sp in spans:
-        print(f"  model {sp['model'][:12]} blocks {sp['start']}:{sp['end']}: {sp['sessions']} sessions")
+        state = f" ({sp['state']})" if sp.get("state", "serving") != "serving" else ""
+        print(f"  model {sp['model'][:12]} blocks {sp['start']}:{sp['end']}: {sp['sessions']} sessions{state}")
     leases = st.get("leases", [])
     print(f"\n{len(leases)} leases, {st.get('results_pending', 0)} results awaiting ack")
     for l in leases:

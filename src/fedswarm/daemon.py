@@ -460,8 +460,9 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                             while len(core.view) < 2:
                                 await agent._changed()
                             await trio.sleep(config.gossip_interval_s)
+                    # --blocks auto: the server keeps its span placed (a timer task in this nursery)
                     serving = await start_block_server(transport, core, opts.serve_model, opts.blocks,
-                                                       return_server=True)
+                                                       return_server=True, nursery=nursery, now=agent.now)
                 if opts.metrics_port is not None:
                     port = await nursery.start(_serve_metrics, opts.metrics_port, agent, opts.http_host, serving)
                     url = f"http://{_url_host(opts.http_host)}:{port}"

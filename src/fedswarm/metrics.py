@@ -242,6 +242,9 @@ class PeerCollector(Collector):
 def _span_rows(agent: Agent, llm: Any) -> list[dict[str, Any]]:
     core = agent.core
     if llm is not None:
+        rows = getattr(llm, "span_rows", None)
+        if rows is not None:  # every span held here (a moving peer: the new one and the draining old one)
+            return list(rows())
         return [{"model": llm.model_hash, "start": llm.start, "end": llm.end, "sessions": len(llm.sessions)}]
     return [{"model": sp.model, "start": sp.start, "end": sp.end, "sessions": 0} for sp in getattr(core, "spans", ())]
 
@@ -287,8 +290,10 @@ def _sessions(llm: Any, now_mono: float) -> list[dict[str, Any]]:
     if llm is None:
         return []
     out = []
-    for (client, _sid), s in list(llm.sessions.items()):
-        out.append({"model": llm.model_hash, "client": client, "span": [llm.start, llm.end],
+    for key, s in list(llm.sessions.items()):
+        client = key[0]
+        span = [key[2], key[3]] if len(key) == 4 else [llm.start, llm.end]  # (sender, sid, start, end)
+        out.append({"model": llm.model_hash, "client": client, "span": span,
                     "length": s.cache.length, "max_length": s.cache.max_length,
                     "idle_s": round(max(now_mono - s.last_used, 0.0), 1), "busy": s.busy})
     return sorted(out, key=lambda x: (x["client"], -x["length"]))
@@ -371,7 +376,7 @@ def status_json(agent: Agent, *, llm: Any = None, telemetry: Telemetry | None = 
         "energy_j_by_tenant": energy,
         "history": history,
         "spans": spans,
-        "span_changes": 0,
+        "span_changes": int(getattr(llm, "span_changes", 0)) if llm is not None else 0,
         "sessions": _sessions(llm, time.monotonic()),
         "llm": llm_stats,
         "models": _coverage(peers, llm),
