@@ -56,7 +56,9 @@ from .core.spans import (
     SpanAd,
     SpanLoaded,
     SpanLoadFailed,
+    auto_span_size,
     choose_span,
+    per_block,
 )
 from .llm_protocol import (
     MAX_FRAME,
@@ -93,6 +95,8 @@ __all__ = [
     "measure_throughput",
     "start_block_server",
     "swarm_spans",
+    "served_gaps",
+    "keep_placed",
 ]
 
 log = logging.getLogger("fedswarm.llm")
@@ -475,13 +479,31 @@ def measure_throughput(span: LlamaBlockSpan, *, steps: int = 5) -> float:
     return float(f"{tps:.3g}")
 
 
-def parse_auto(blocks: str | None, num_layers: int) -> int | None:
-    """``auto`` -> half the model's blocks, ``auto:N`` -> N (at most all of
-    them); None for a fixed span."""
+def parse_auto(blocks: str | None, num_layers: int, *, block_bytes: int = 0, mem_bytes: int = 0,
+               cache_bytes: int = 0) -> int | None:
+    """``auto`` -> half the model's blocks (fewer if they do not fit in
+    memory: ``auto_span_size``), ``auto:N`` -> N (at most all of them); None
+    for a fixed span."""
     if not blocks or not blocks.startswith("auto"):
         return None
-    n = int(blocks.split(":", 1)[1]) if ":" in blocks else num_layers // 2
-    return max(1, min(n, num_layers))
+    if ":" in blocks:
+        return max(1, min(int(blocks.split(":", 1)[1]), num_layers))
+    return auto_span_size(num_layers, block_bytes, mem_bytes, cache_bytes)
+
+
+def block_bytes(cfg: Any, dtype: str | None = None) -> int:
+    """Bytes of one decoder block's weights (attention, MLP, norms)."""
+    h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    params = h * q * 2 + h * kv * 2 + 3 * h * cfg.intermediate_size + 2 * h
+    return params * (2 if dtype in ("bfloat16", "float16") else 4)
+
+
+def served_gaps(statuses: Any, num_layers: int) -> list[int]:
+    """The blocks that no peer of these ``/status`` documents serves (a span
+    it drains does not count)."""
+    held = [(s["start"], s["end"], 1.0) for st in statuses for s in st.get("spans", [])
+            if s.get("state", "serving") == "serving"]
+    return [i for i, x in enumerate(per_block(held, num_layers)) if x == 0.0]
 
 
 def swarm_spans(core: Any, model: str, now: float) -> list[SpanAd]:
@@ -585,7 +607,10 @@ async def start_block_server(
     cfg = load_config(d)
     t0 = time.perf_counter()
     mhash = await trio.to_thread.run_sync(model_hash, d)
-    n_auto = parse_auto(blocks, cfg.num_hidden_layers)
+    devices = getattr(getattr(core, "config", None), "devices", ())
+    mem = min((d.mem_free for d in devices if d.kind == device.split(":")[0]), default=0)
+    n_auto = parse_auto(blocks, cfg.num_hidden_layers, block_bytes=block_bytes(cfg, dtype), mem_bytes=mem,
+                        cache_bytes=(limits or ServerLimits()).max_cache_bytes)
     if n_auto is not None:
         ads = swarm_spans(core, mhash, now())
         start, end = choose_span([(a.peer, a.start, a.end, a.throughput) for a in ads], cfg.num_hidden_layers,

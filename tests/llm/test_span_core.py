@@ -24,6 +24,7 @@ from fedswarm.core.spans import (
     SpanAd,
     SpanLoaded,
     SpanLoadFailed,
+    auto_span_size,
     choose_span,
     layout_score,
     per_block,
@@ -365,3 +366,10 @@ def test_sim_survivors_cover_when_they_can(layers, n, peers, seed):
     if peers - 1 >= -(-layers // n):  # enough blocks among the survivors
         assert sim.covered(), (layers, n, sim.ads)
     assert all(sim.cores[p].span_changes - base[p] <= 2 for p in sim.alive)
+
+
+def test_auto_span_size_half_the_model_or_what_fits():
+    assert auto_span_size(32, 100, 1 << 40) == 16
+    assert auto_span_size(32, 100, 2_000, cache_bytes=500) == 5  # (1000 - 500) // 100
+    assert auto_span_size(32, 100, 100) == 1  # at least one block
+    assert auto_span_size(4, 0, 0) == 2  # nothing known: half

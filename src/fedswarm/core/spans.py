@@ -65,6 +65,7 @@ __all__ = [
     "Advertise",
     "Probe",
     "choose_span",
+    "auto_span_size",
     "per_block",
     "layout_score",
 ]
@@ -273,6 +274,17 @@ def choose_span(
         if min(cur) <= min_gain * key(best)[0] or min(cur) == 0:
             return current
     return best, best + n_blocks
+
+
+def auto_span_size(num_layers: int, block_bytes: int, mem_bytes: int, cache_bytes: int = 0) -> int:
+    """Blocks a ``--blocks auto`` peer takes: half the model, fewer when the
+    weights would not fit in half of ``mem_bytes`` next to ``cache_bytes`` of
+    KV caches (at least one)."""
+    half = max(1, num_layers // 2)
+    budget = mem_bytes // 2 - cache_bytes
+    if block_bytes <= 0 or mem_bytes <= 0:
+        return half
+    return max(1, min(half, budget // block_bytes))
 
 
 def _best_move(others: list[float], n: int, thr: float, current: SpanRange, tie: str) -> tuple[SpanRange, list[float]]:
