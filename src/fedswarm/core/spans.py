@@ -533,7 +533,7 @@ class ServingCore:
         assert pol is not None
         # round robin: the holders after the last one probed, then from the start
         order = [p for p in holders if p > self._probe_cursor] + [p for p in holders if p <= self._probe_cursor]
-        out = []
+        out: list[Any] = []
         for p in order:
             if len(out) >= pol.max_probes:
                 break
