@@ -3,10 +3,14 @@
     python -m netsim.convergence --peers 1000 10000 [--interval 0.2] [--fanout 3] [--seed 1]
 
 A swarm of ``--peers`` identical peers (one region, ``--latency-ms`` one-way
-links, no loss) gossips for ``--warmup`` simulated seconds; then one peer's
+links, no loss) gossips for ``--warmup`` simulated seconds every
+``--warmup-interval`` (cheaper: the views fill), then every peer switches to
+``--interval`` for a second; then one peer's
 state changes (its advertised throughput), and every ``--step`` seconds the
 live peers whose view holds that new state (or a later one) are counted.
-Printed per size: the time from the change until 50%, 90%, 99% and 99.9% of
+(``--max-view`` caps each view: a
+view that is full takes a new state in place of the one that expires
+soonest.) Printed per size: the time from the change until 50%, 90%, 99% and 99.9% of
 the other peers hold it, and the gossip messages per peer per second it
 cost. The cores are the real ``PeerCore``s: push gossip to ``fanout``
 random view members each interval, ``entries`` states per message, half of
@@ -24,6 +28,7 @@ import json
 import resource
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from .scenario import parse_scenario
@@ -35,25 +40,36 @@ LEVELS = (0.5, 0.9, 0.99, 0.999)
 
 
 def measure(peers: int, *, interval: float = 0.2, fanout: int = 3, entries: int = 8, seed: int = 1,
-            warmup_s: float = 6.0, horizon_s: float = 10.0, step_s: float = 0.05, latency_ms: float = 2.0,
+            warmup_s: float = 40.0, horizon_s: float = 10.0, step_s: float = 0.05, latency_ms: float = 2.0,
+            rumour_sends: int = 0, warmup_interval: float = 1.0, max_view: int = 1024,
             profile: str = "workstation-rtx4090") -> dict:
     repo = Path(__file__).resolve().parents[1]
     sc = parse_scenario(
         {
             "name": f"convergence-{peers}",
-            "max_time_s": warmup_s + horizon_s + 1.0,
+            "max_time_s": warmup_s + horizon_s + 2.0,
             "warmup_s": warmup_s,
             "network": {"regions": {"lan": 1.0}, "intra_ms": [latency_ms, latency_ms], "jitter_ms": 0.0},
             # states live long enough that none expires during the measurement
-            "peer": {"gossip_interval_s": interval, "gossip_fanout": fanout, "gossip_entries": entries,
-                     "state_ttl_s": 600.0, "state_refresh_s": 300.0},
+            "peer": {"gossip_interval_s": warmup_interval, "gossip_fanout": fanout, "gossip_entries": entries,
+                     "state_ttl_s": 600.0, "state_refresh_s": 300.0, "gossip_rumour_sends": rumour_sends,
+                     "max_view": max_view},
             "swarm": [{"profile": profile, "count": peers}],
         },
         src="<convergence>", base_dir=repo, profiles_dir=repo / "peers",
     )
     sim = Simulator(sc, seed, jobs=[])
+    # the membership converges at a slower gossip rate (cheaper to simulate),
+    # then every peer switches to ``interval`` for a second before the change
     sim.run_until(warmup_s)
+    for r in sim.live_peers():
+        r.core.config = replace(r.core.config, gossip_interval_s=interval)
+    sim.run_until(warmup_s + 1.0)
     live = sim.live_peers()
+    ids = {r.id for r in live}
+    # share of the other live peers a view holds, of as many as it can hold
+    room = min(max_view - 1, len(live) - 1)
+    coverage = sum(len(ids & set(r.core.view.peers())) - 1 for r in live) / max(len(live) * room, 1)
     src = live[0]
     core = src.core
     old_seq = core._seq
@@ -82,9 +98,10 @@ def measure(peers: int, *, interval: float = 0.2, fanout: int = 3, entries: int 
     gossip = sim.msg_kinds.get("Gossip", 0) - msgs0
     return {
         "peers": peers, "interval_s": interval, "fanout": fanout, "entries": entries, "seed": seed,
-        "latency_ms": latency_ms, "step_s": step_s,
+        "latency_ms": latency_ms, "step_s": step_s, "rumour_sends": rumour_sends, "max_view": max_view,
         "reached_s": {f"{lv:g}": reached.get(lv) for lv in LEVELS},
         "gossip_msgs_per_peer_s": round(gossip / max(span, 1e-9) / peers, 3),
+        "view_coverage": round(coverage, 4),  # views' fill with live peers at the change
         "curve": curve,
     }
 
@@ -92,24 +109,27 @@ def measure(peers: int, *, interval: float = 0.2, fanout: int = 3, entries: int 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m netsim.convergence", description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", type=int, nargs="+", default=[1000, 10_000])
-    for flag, default in (("--interval", 0.2), ("--fanout", 3), ("--entries", 8), ("--seed", 1), ("--warmup", 6.0),
-                          ("--horizon", 10.0), ("--step", 0.05), ("--latency-ms", 2.0)):
+    for flag, default in (("--interval", 0.2), ("--fanout", 3), ("--entries", 8), ("--seed", 1), ("--warmup", 40.0),
+                          ("--horizon", 10.0), ("--step", 0.05), ("--latency-ms", 2.0), ("--rumour-sends", 0), ("--max-view", 1024)):
         ap.add_argument(flag, type=type(default), default=default)
+    ap.add_argument("--warmup-interval", type=float, default=1.0, help="gossip interval while the views fill")
     ap.add_argument("--out", help="write the results (with the curves) as JSON")
     a = ap.parse_args(argv)
     rows = []
-    print("| peers | 50% s | 90% s | 99% s | 99.9% s | gossip msgs/peer/s | wall s | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| peers | 50% s | 90% s | 99% s | 99.9% s | gossip msgs/peer/s | view coverage | wall s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in a.peers:
         t = time.perf_counter()
         r = measure(n, interval=a.interval, fanout=a.fanout, entries=a.entries, seed=a.seed, warmup_s=a.warmup,
-                    horizon_s=a.horizon, step_s=a.step, latency_ms=a.latency_ms)
+                    horizon_s=a.horizon, step_s=a.step, latency_ms=a.latency_ms,
+                    rumour_sends=a.rumour_sends, warmup_interval=a.warmup_interval,
+                    max_view=a.max_view)
         r["wall_s"] = round(time.perf_counter() - t, 1)
         rows.append(r)
         rs = r["reached_s"]
         cells = " | ".join("-" if rs[k] is None else f"{rs[k]:.2f}" for k in ("0.5", "0.9", "0.99", "0.999"))
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-        print(f"| {n:,} | {cells} | {r['gossip_msgs_per_peer_s']} | {r['wall_s']} | {rss:,} |", flush=True)
+        print(f"| {n:,} | {cells} | {r['gossip_msgs_per_peer_s']} | {r['view_coverage']:.4f} | {r['wall_s']} | {rss:,} |", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
     return 0

@@ -858,3 +858,37 @@ def test_bids_slower_than_the_timed_round_trip_still_win_work() -> None:
     assert s.finished[jid].ok
     assert c.stats["rounds_no_bids"] >= 1
     assert s.now - t0 < 5.0
+
+
+def _fast_peer_runs(rank_max: int, seed: int = 11) -> tuple[list[str], set[str], ClientCore, float]:
+    fast = {3, 17}
+    s = MiniSwarm(40, seed=seed, peer_config=lambda i: PeerConfig(throughput={"*": 4.0 if i in fast else 0.25}))
+    s.step_until(s.now + 120)  # views converge
+    c = s.add_client(rank_max=rank_max)
+    s.step_until(s.now + 30)
+    ran_on: list[str] = []
+    for _ in range(12):
+        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=4.0))
+        s._perform(c.id, eff)
+        s.step_until(s.now + 300, stop=lambda: jid in s.finished)
+        assert s.finished[jid].ok
+        ran_on.append(next(d.peer for d in s.delivered if d.job_id == jid))
+    return ran_on, {pid for i, pid in enumerate(s.peers) if i in fast}, c, s.now
+
+
+def test_a_sampled_round_ranks_a_bounded_sample_and_keeps_the_peers_that_won() -> None:
+    # rank_max = 12 of 40 live peers: each round ranks a seeded sample of 12
+    # plus the peers that lately won (at most 3); a fast peer, once found,
+    # is ranked in every later round
+    ran_on, fast_ids, c, now = _fast_peer_runs(12)
+    assert len(c.view.live(now)) > 12 and c.stats["rank_whole_view"] == 0
+    spec = next(iter(c.jobs.values())).spec
+    cands, sampled = c._candidates(spec, now, 3)
+    assert sampled and 3 <= len(cands) <= 12 + 3
+    assert set(c._good) <= {e.peer for e in cands}
+    assert sum(p in fast_ids for p in ran_on[4:]) >= 7, ran_on
+    # a view no larger than rank_max is ranked whole, as before
+    c.config = dataclasses.replace(c.config, rank_max=64)
+    whole, sampled = c._candidates(spec, now, 3)
+    assert not sampled and {e.peer for e in whole} == {e.peer for e in c._eligible(spec, now)}
+    assert _fast_peer_runs(12)[0] == ran_on  # the same seed places the same way
