@@ -21,19 +21,7 @@ from helpers import MiniSwarm, ident
 def test_single_shards_find_the_few_fast_peers_in_a_large_swarm() -> None:
     # 2 fast peers among 40: a random sample of a few would miss them most of
     # the time; ranking the view by estimated finish finds them every time
-    fast = {3, 17}
-    s = MiniSwarm(40, seed=11, peer_config=lambda i: PeerConfig(throughput={"*": 4.0 if i in fast else 0.25}))
-    s.step_until(s.now + 120)  # views converge
-    c = s.add_client()
-    s.step_until(s.now + 30)
-    fast_ids = {pid for i, pid in enumerate(s.peers) if i in fast}
-    ran_on: list[str] = []
-    for _ in range(12):
-        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=4.0))
-        s._perform(c.id, eff)
-        s.step_until(s.now + 300, stop=lambda: jid in s.finished)
-        assert s.finished[jid].ok
-        ran_on.append(next(d.peer for d in s.delivered if d.job_id == jid))
+    ran_on, fast_ids, _, _ = _fast_peer_runs(0)  # (rank_max 0: the whole view)
     assert sum(p in fast_ids for p in ran_on) >= 11, ran_on
 
 
