@@ -7,7 +7,8 @@ shards within 120 s), scaled to each size: the profile mix and joins by
 peer (``--shards`` overrides). Each size runs in its own process, one after
 the other, so that its peak RSS is its own. Prints, per size: wall seconds,
 simulated seconds, events, events per second, peak RSS, messages per peer
-per second (and split into gossip, leases and scheduling), and shards
+per second (and split into gossip, leases and scheduling), CPU seconds
+(steadier than wall time on a shared box), and shards
 lost / duplicated. Run from the repository root::
 
     .venv/bin/python benchmarks/netsim_scale.py [--peers 1000 3000 10000] [--seed S] [--shards M]
@@ -47,6 +48,12 @@ def scenario(peers: int, shards: int | None = None):
     return replace(sc, tenants=ts)
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process: on a shared box, steadier than wall time."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_one(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     sc = scenario(args.peers[0], args.shards)
@@ -67,7 +74,8 @@ def run_one(args: argparse.Namespace) -> dict:
         "peers": args.peers[0], "shards": s["shards_submitted"], "jobs": s["jobs_submitted"],
         "completed": s["shards_completed"], "lost": s["shards_lost"], "duplicated": s["shards_duplicated"],
         "wall_s": round(wall, 1), "setup_s": round(t_build, 1), "sim_s": round(sim.now, 1), "events": sim.events,
-        "events_per_s": round(sim.events / wall), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "events_per_s": round(sim.events / wall), "cpu_s": round(_cpu_s(), 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "makespan_s": s["makespan_s"], "msgs_per_peer_s": s["msgs_per_peer_s"], "split": split,
         "bytes_per_peer_s": s["bytes_per_peer_s"],
     }
@@ -104,18 +112,19 @@ def main() -> None:
         rows.append(r)
         print(f"peers={r['peers']} shards={r['shards']} jobs={r['jobs']} completed={r['completed']} "
               f"lost={r['lost']} duplicated={r['duplicated']} wall_s={r['wall_s']} sim_s={r['sim_s']} "
-              f"events={r['events']} events_per_s={r['events_per_s']} peak_rss_mb={r['peak_rss_mb']} "
+              f"events={r['events']} events_per_s={r['events_per_s']} cpu_s={r['cpu_s']} peak_rss_mb={r['peak_rss_mb']} "
               f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f}", flush=True)
     if not rows:
         sys.exit(1)
     print()
-    print("| peers | shards | wall s | sim s | events | events/s | peak RSS MB | msgs/peer/s (gossip, leases, sched.) "
+    print("| peers | shards | wall s | CPU s | sim s | events | events/s | peak RSS MB | msgs/peer/s (gossip, leases, sched.) "
           "| lost/dup |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sp = r["split"]
         parts = ", ".join(f"{sp[k]:.3f}" for k in ("gossip", "leases", "scheduling") if k in sp)
-        print(f"| {r['peers']:,} | {r['shards']:,} | {r['wall_s']} | {r['sim_s']} | {r['events']:,} | "
+        print(f"| {r['peers']:,} | {r['shards']:,} | {r['wall_s']} | {r['cpu_s']} | {r['sim_s']} | "
+              f"{r['events']:,} | "
               f"{r['events_per_s']:,} | {r['peak_rss_mb']:,} | {r['msgs_per_peer_s']:.3f} ({parts}) | "
               f"{r['lost']}/{r['duplicated']} |")
     if any(r["lost"] or r["duplicated"] for r in rows if not args.max_time):
