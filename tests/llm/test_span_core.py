@@ -225,6 +225,23 @@ def test_drain_is_bounded_and_a_failed_load_keeps_the_old_span():
     assert DropSpan(0, 2) in c.poll(13.5, []) and c.sessions == {} and c.sessions_dropped == 1
 
 
+def test_a_gap_moves_a_peer_again_while_its_old_span_drains():
+    c = make(policy=policy(drain_s=100.0), layers=6)
+    a = fwd(c, now=0.0)
+    c.finish(0.0, [a.session], [1], True)
+    x = [SpanAd("x", 0, 1, 90.0), SpanAd("x", 1, 2, 90.0)]  # fixed peers: two spans each
+    y = [SpanAd("y", 4, 5, 90.0), SpanAd("y", 5, 6, 90.0)]
+    z = [SpanAd("z", 2, 3, 90.0), SpanAd("z", 3, 4, 90.0)]
+    assert LoadSpan(2, 4) in c.poll(0.0, x + y)
+    c.handle(1.0, SpanLoaded(2, 4, 80.0, BPP))
+    assert c.spans[(0, 2)].draining
+    # y goes, z comes: blocks 4:6 are uncovered and only we can move there
+    assert LoadSpan(4, 6) in c.poll(3.0, x + z)
+    effs = c.handle(4.0, SpanLoaded(4, 6, 80.0, BPP))
+    assert effs == [Advertise(((4, 6, 80.0),)), DropSpan(2, 4)]  # 2:4 had no sessions
+    assert c.spans[(0, 2)].draining and c.span_changes == 2
+
+
 def test_throughput_moves_need_min_gain_and_dwell():
     # we hold 0:2 beside a fast fixed peer; 2:4 has one slow peer: moving triples the bottleneck
     view = [SpanAd("p", 0, 1, 300.0), SpanAd("p", 1, 2, 300.0), SpanAd("r", 2, 4, 50.0)]

@@ -503,7 +503,7 @@ class ServingCore:
         for p in [p for p in self.suspects if p not in holders]:
             del self.suspects[p]  # left the view
         out.extend(self._probes(holders))
-        if self.loading is None and not any(s.draining for s in self.spans.values()):
+        if self.loading is None:  # while an old span drains only a gap moves us again
             out.extend(self._plan(now, swarm))
         return out
 
@@ -609,7 +609,8 @@ class ServingCore:
             if after_u < before_u:
                 pass  # covers a block nobody serves
             elif before_u == 0 and after_u == 0 and min(after) >= pol.min_gain * min(now_blocks) > 0.0:
-                if peer == self.id and now - self.last_change < pol.min_dwell_s:
+                draining = any(sl.draining for sl in self.spans.values())
+                if peer == self.id and (now - self.last_change < pol.min_dwell_s or draining):
                     return None
             else:
                 return None
