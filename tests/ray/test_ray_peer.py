@@ -3,7 +3,18 @@
 One Ray cluster for the module, on 127.0.0.1: a head and a second node, one
 CPU each (``ray start --block`` processes, see
 ``fedswarm.runtime.ray_engine.LocalRayCluster``), dashboard on for Ray's
-state API. Every wait is on a printed line, a status page or Ray's own
+state API. Every test gets it back whole (the head and one more live node):
+a test that killed a node and failed before re-adding it must not leave the
+next one a cluster too small for its work.
+
+One swarm for the module's job tests: a companion peer that serves no
+tensor-map (its profile lists other kinds) and one Ray-fronted peer
+(``--ray-address auto``, the local cluster through ``$RAY_ADDRESS``). The
+first job test adds two plain tensor-map peers to it (with the Ray peer
+fresh, its speed still the profile's like theirs) and ends them; the
+node-kill test then runs on it as it was, so every shard goes to Ray.
+
+Every wait is on a printed line, a status page, a process title or Ray's own
 answers, bounded; nothing sleeps to guess readiness.
 """
 
@@ -11,9 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,27 +34,44 @@ import pytest
 pytest.importorskip("ray", reason="the [ray] extra is not installed: pip install 'fedswarm[ray]'")
 
 from fedswarm.localswarm import LocalSwarm, PeerProcess, repo_root  # noqa: E402
-from fedswarm.runtime.ray_engine import LocalRayCluster  # noqa: E402
+from fedswarm.runtime.ray_engine import LocalRayCluster, task_name  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 PROFILE = str(repo_root() / "peers" / "cpu-laptop.toml")
 ERROR_LINE = "peer start: error: "
-# ~1-2 s per shard on one Ray worker CPU: long enough to kill a node mid-shard
-LONG = ["--size", "768", "--iters", "40"]
+# ~0.9 s per shard on one idle Ray worker CPU (more under load; a fresh worker
+# imports torch first): a shard whose worker's title says it runs on a node
+# still runs when that node is killed a few ms later
+LONG = {"size": 768, "iters": 30}
 
 
-def submit(bootstrap: str, out: Path, shards: int, extra: list[str], *, min_peers: int = 1) -> subprocess.Popen[str]:
+# -- helpers ---------------------------------------------------------------------------------
+
+def submit(bootstrap: str, out: Path, shards: int, extra: list[str], *, min_peers: int) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "fedswarm.cli", "submit", "--bootstrap", bootstrap, "--kind", "tensor-map",
            "--shards", str(shards), "--seed", "11", "--out", str(out), "--min-peers", str(min_peers),
-           "--timeout", "150", "--progress", "off", "--verify", "none", *extra]
+           "--timeout", "150", "--progress", "off", "--verify", "none", "--json", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def local(out: Path, shards: int, extra: list[str]) -> list[dict]:
-    subprocess.run([sys.executable, "-m", "fedswarm.cli", "submit", "--local", "--kind", "tensor-map", "--shards",
-                    str(shards), "--seed", "11", "--out", str(out), "--progress", "off", *extra], check=True,
-                   capture_output=True)
+def finish_submit(p: subprocess.Popen[str]) -> str:
+    """Wait for a ``submit --json``; its job id."""
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    return str(json.loads(out)["job_id"])
+
+
+def start_local(out: Path, shards: int, extra: list[str]) -> subprocess.Popen[str]:
+    """``peer submit --local`` of the same job, started now, read with :func:`finish_local`."""
+    return subprocess.Popen([sys.executable, "-m", "fedswarm.cli", "submit", "--local", "--kind", "tensor-map",
+                             "--shards", str(shards), "--seed", "11", "--out", str(out), "--progress", "off", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_local(p: subprocess.Popen[str], out: Path) -> list[dict]:
+    _, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
     return read(out)
 
 
@@ -67,30 +97,6 @@ def check_results(rows: list[dict], expected: list[dict]) -> None:
         assert by[e["shard"]]["result"] == e["result"], f"shard {e['shard']} differs from the local run"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with LocalRayCluster(tmp_path_factory.mktemp("ray"), head_cpus=1) as c:
-        c.add_node(cpus=1)
-        yield c
-
-
-def start_ray_peer(workdir: Path, address: str, bootstrap: list[str], *extra: str) -> PeerProcess:
-    d = workdir / "raypeer"
-    d.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "fedswarm.cli", "start", "--engine", "ray", "--ray-address", address,
-           "--profile", PROFILE, "--data-dir", str(d), "--metrics-port", "0", "--grace", "5", *extra]
-    for b in bootstrap:
-        cmd += ["--bootstrap", b]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(d / "peer.log", "a"), text=True)
-    p = PeerProcess(proc, d)
-    try:
-        p.wait_ready(90)
-    except BaseException:
-        p.terminate()
-        raise
-    return p
-
-
 def own_slots(peer: PeerProcess) -> int:
     st = peer.status()
     return next(e["slots"] for e in st["peers"] if e["self"])
@@ -102,131 +108,60 @@ def ray_tasks(cluster: LocalRayCluster, *, detail: bool = False) -> list:
     return list_tasks(address=cluster.dashboard, limit=10000, raise_on_missing_output=False, detail=detail)
 
 
+def start_ray_peer(workdir: Path, cluster: LocalRayCluster, bootstrap: list[str], *extra: str) -> PeerProcess:
+    """``peer start --engine ray --ray-address auto``: the local cluster, which
+    ``$RAY_ADDRESS`` names (so no other Ray cluster on this machine is taken)."""
+    d = workdir / "raypeer"
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "fedswarm.cli", "start", "--engine", "ray", "--ray-address", "auto",
+           "--profile", PROFILE, "--data-dir", str(d), "--metrics-port", "0", "--grace", "5", *extra]
+    for b in bootstrap:
+        cmd += ["--bootstrap", b]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(d / "peer.log", "a"), text=True,
+                            env={**os.environ, "RAY_ADDRESS": cluster.address})
+    p = PeerProcess(proc, d)
+    try:
+        p.wait_ready(90)
+    except BaseException:
+        p.terminate()
+        raise
+    return p
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
 @pytest.fixture(scope="module")
-def swarm(cluster, tmp_path_factory):
-    """Two plain peers and one Ray-fronted peer (``--ray-address auto``: the
-    local cluster), shared by the module's job tests."""
+def ray_cluster(tmp_path_factory):
+    with LocalRayCluster(tmp_path_factory.mktemp("ray"), head_cpus=1) as c:
+        c.add_node(cpus=1)
+        yield c
+
+
+@pytest.fixture
+def cluster(ray_cluster: LocalRayCluster) -> LocalRayCluster:
+    """The module's cluster, whole: the head and one more live node."""
+    for proc in [p for p in ray_cluster.nodes[1:] if p.poll() is not None]:
+        ray_cluster.kill_node(proc)  # a node that died on its own: its leftovers
+    while len(ray_cluster.nodes) < 2:
+        ray_cluster.add_node(cpus=1)
+    return ray_cluster
+
+
+@pytest.fixture(scope="module")
+def swarm(ray_cluster, tmp_path_factory):
+    """A companion peer that serves no tensor-map, and the Ray-fronted peer."""
     work = tmp_path_factory.mktemp("swarm")
-    with LocalSwarm(2, work, profile=PROFILE) as plain:
-        ray_peer = start_ray_peer(work, "auto", [plain.bootstrap])
-        try:
-            yield plain, ray_peer
-        finally:
-            assert ray_peer.terminate() == 0
-
-
-def test_plain_and_ray_peers_compute_what_a_local_run_computes(cluster, swarm, tmp_path: Path) -> None:
-    plain, ray_peer = swarm
-    shards = 8
-    args = ["--size", "128", "--iters", "3"]
-    expected = local(tmp_path / "local.jsonl", shards, args)
-    # the cluster's two CPUs are what it offers
-    wait_until(lambda: own_slots(ray_peer) == 2, 30, "the Ray peer to advertise 2 slots")
-    wait_until(lambda: len(plain.peers[0].status()["peers"]) == 3, 30, "3 peers in the view")
-    p = submit(plain.bootstrap, tmp_path / "out.jsonl", shards, args, min_peers=3)
-    _, err = p.communicate(timeout=150)
-    assert p.returncode == 0, err
-    rows = read(tmp_path / "out.jsonl")
-    check_results(rows, expected)
-    mine = sorted(r["shard"] for r in rows if r["peer"] == ray_peer.peer_id)
-    assert mine, "the Ray-fronted peer ran none of the shards"
-    assert {r["peer"] for r in rows} <= {ray_peer.peer_id, *(q.peer_id for q in plain.peers)}
-    assert ray_peer.status()["stats"].get("ray_tasks_run", 0) >= len(mine)
-    # Ray's state API lists each shard this peer ran as one of its tasks
-    want = {f"fedswarm tensor-map#{s}" for s in mine}
-
-    def listed():
-        done = {t.name for t in ray_tasks(cluster) if t.state == "FINISHED"}
-        return want <= done
-
-    wait_until(listed, 30, "Ray's state API to list the shards' tasks", poll=0.5)
-
-
-def test_a_killed_ray_node_loses_nothing_and_slots_follow_the_nodes(cluster, tmp_path: Path) -> None:
-    """The Ray peer's companion serves no tensor-map (its profile lists other
-    kinds): every shard runs on Ray, two at a time, so one runs on the node
-    that is killed."""
-    shards = 6
-    expected = local(tmp_path / "local.jsonl", shards, LONG)
-    other = tmp_path / "no-tensor-map.toml"
+    other = work / "no-tensor-map.toml"
     other.write_text(Path(PROFILE).read_text().replace('slots = 1', 'slots = 1\ntasks = ["llm-batch"]'))
-    with LocalSwarm(1, tmp_path / "companion", profile=str(other)) as companion:
-        ray_peer = start_ray_peer(tmp_path, cluster.address, [companion.bootstrap])
+    with LocalSwarm(1, work / "companion", profile=str(other)) as companion:
+        ray_peer = start_ray_peer(work, ray_cluster, [companion.bootstrap])
         try:
-            wait_until(lambda: own_slots(ray_peer) == 2, 30, "2 slots (head + node)")
-            victim = cluster.nodes[1]
-            p = submit(companion.bootstrap, tmp_path / "out.jsonl", shards, LONG, min_peers=2)
-
-            from ray.util.state import list_nodes
-
-            head_ids = {n.node_id for n in list_nodes(address=cluster.dashboard) if n.is_head_node}
-
-            def running_off_head():
-                return [t for t in ray_tasks(cluster) if t.state == "RUNNING"
-                        and t.name.startswith("fedswarm tensor-map#") and t.node_id not in head_ids]
-
-            wait_until(running_off_head, 90, "a shard running on the second node", poll=0.2)
-            cluster.kill_node(victim)  # SIGKILL the node's raylet and workers: a machine gone
-            # the node's slot leaves the peer's advertised capacity
-            wait_until(lambda: own_slots(ray_peer) == 1, 60, "the advertised slots to drop to 1")
-            _, err = p.communicate(timeout=150)
-            assert p.returncode == 0, err
-            rows = read(tmp_path / "out.jsonl")
-            check_results(rows, expected)
-            assert len(rows) == shards
-            assert {r["peer"] for r in rows} == {ray_peer.peer_id}
-            st = ray_peer.status()
-            # the shard lost with the node ran again on the cluster, within its lease
-            assert st["stats"].get("ray_retries", 0) >= 1
-            # a node joins: its slot is offered to the swarm
-            cluster.add_node(cpus=1)
-            wait_until(lambda: own_slots(ray_peer) == 2, 60, "the advertised slots to rise back to 2")
+            yield companion.peers[0], ray_peer, work
         finally:
             assert ray_peer.terminate() == 0
 
 
-def run_start(args: list[str], tmp: Path, *, pre: str = "") -> subprocess.CompletedProcess[str]:
-    code = f"import sys; {pre}from fedswarm.cli import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", code, "start", "--profile", PROFILE, "--data-dir", str(tmp), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAY_ADDRESS": ""})
-
-
-def one_error_line(p: subprocess.CompletedProcess[str], pattern: str) -> str:
-    import re
-
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr, p.stderr
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith(ERROR_LINE), lines[0]
-    assert re.search(pattern, lines[0]), lines[0]
-    assert p.stdout == "", "a daemon that failed its checks must print no readiness line"
-    return lines[0]
-
-
-def test_bad_ray_input_is_one_line_and_no_daemon(cluster, tmp_path: Path) -> None:
-    from fedswarm.runtime.ray_engine import _free_port
-
-    # Ray not installed (the import fails): the extra to install
-    p = run_start(["--engine", "ray"], tmp_path / "a", pre="sys.modules['ray'] = None; ")
-    one_error_line(p, r"needs Ray, which is not installed \(pip install 'fedswarm\[ray\]'\)")
-    # nobody listens at the address: a bounded connect
-    t0 = time.monotonic()
-    p = run_start(["--engine", "ray", "--ray-address", f"127.0.0.1:{_free_port()}"], tmp_path / "b")
-    one_error_line(p, r"no Ray cluster listens at 127\.0\.0\.1:\d+")
-    assert time.monotonic() - t0 < 60
-    # a reserve larger than the cluster (2 CPUs)
-    p = run_start(["--engine", "ray", "--ray-address", cluster.address, "--ray-reserve", "3"], tmp_path / "c")
-    one_error_line(p, r"--ray-reserve 3 is larger than the cluster: it has \d+ CPU")
-    p = run_start(["--engine", "ray", "--ray-reserve", "lots"], tmp_path / "e")
-    one_error_line(p, r"--ray-reserve 'lots' is not a reserve")
-    # a cluster with no resources: a head with no CPUs and no GPUs
-    with LocalRayCluster(tmp_path / "empty", head_cpus=0) as empty:
-        p = run_start(["--engine", "ray", "--ray-address", empty.address], tmp_path / "f")
-        one_error_line(p, r"has no CPUs and no GPUs")
-
-
+# -- bad input -------------------------------------------------------------------------------
 
 def test_reserve_syntax() -> None:
     from fedswarm.errors import InputError
@@ -240,9 +175,71 @@ def test_reserve_syntax() -> None:
             parse_reserve(bad)
 
 
-# -- the runner on its own (this process as the Ray driver) ------------------------------------
+def start_cli(args: list[str], tmp: Path, *, pre: str = "") -> subprocess.Popen[str]:
+    code = f"import sys; {pre}from fedswarm.cli import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", code, "start", "--profile", PROFILE, "--data-dir", str(tmp), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RAY_ADDRESS": ""})
 
-def _run_runner_case(cluster: LocalRayCluster, case) -> None:
+
+def one_error_line(p: subprocess.Popen[str], pattern: str) -> str:
+    """The daemon exits 2 with one ``peer start: error:`` line matching
+    ``pattern``, no traceback and no readiness line (nothing half-started)."""
+    out, err = p.communicate(timeout=120)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == 2, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(ERROR_LINE), lines[0]
+    assert re.search(pattern, lines[0]), lines[0]
+    assert out == "", "a daemon that failed its checks must print no readiness line"
+    return lines[0]
+
+
+def test_bad_ray_input_is_one_line_and_no_daemon(cluster, tmp_path: Path) -> None:
+    """Side by side: Ray missing, nobody at the address, a reserve too large,
+    a malformed reserve, and (once its head is up) a cluster with no CPUs
+    and no GPUs."""
+    from fedswarm.runtime.ray_engine import _free_port
+
+    empty = LocalRayCluster(tmp_path / "empty", head_cpus=0, dashboard=False)
+    with ThreadPoolExecutor(1) as pool:
+        empty_up = pool.submit(empty.start)
+        try:
+            t0 = time.monotonic()
+            cases = [
+                # Ray not installed (the import fails): the extra to install
+                (start_cli(["--engine", "ray"], tmp_path / "a", pre="sys.modules['ray'] = None; "),
+                 r"needs Ray, which is not installed \(pip install 'fedswarm\[ray\]'\)"),
+                # nobody listens at the address: a bounded connect
+                (start_cli(["--engine", "ray", "--ray-address", f"127.0.0.1:{_free_port()}"], tmp_path / "b"),
+                 r"no Ray cluster listens at 127\.0\.0\.1:\d+"),
+                # a reserve larger than the cluster (2 CPUs)
+                (start_cli(["--engine", "ray", "--ray-address", cluster.address, "--ray-reserve", "3"],
+                           tmp_path / "c"),
+                 r"--ray-reserve 3 is larger than the cluster: it has 2 CPU"),
+                (start_cli(["--engine", "ray", "--ray-reserve", "lots"], tmp_path / "d"),
+                 r"--ray-reserve 'lots' is not a reserve"),
+            ]
+            for p, pattern in cases:
+                one_error_line(p, pattern)
+            assert time.monotonic() - t0 < 60, "the checks are bounded"
+            # a cluster with no resources: a head with no CPUs and no GPUs
+            empty_up.result(timeout=120)
+            p = start_cli(["--engine", "ray", "--ray-address", empty.address], tmp_path / "e")
+            one_error_line(p, r"has no CPUs and no GPUs")
+        finally:
+            empty_up.cancel()
+            try:
+                empty_up.result(timeout=120)
+            except Exception:
+                pass
+            empty.close()
+
+
+# -- the runner on its own (this process as the Ray driver) ----------------------------------
+
+def _run_runner_case(cluster: LocalRayCluster, key: Path, case) -> None:
     import random
 
     import trio
@@ -255,9 +252,6 @@ def _run_runner_case(cluster: LocalRayCluster, case) -> None:
     async def main() -> None:
         ray_cluster = await connect_cluster(cluster.address, None)
         try:
-            import tempfile
-
-            key = Path(tempfile.mkdtemp()) / "k"
             core = PeerCore(load_or_create_key(key), load_profile(PROFILE).peer_config(), random.Random(0))
             runner = RayRunner(ray_cluster, core)
             await case(runner, core)
@@ -281,7 +275,7 @@ def _expected(params: dict, shard: int) -> dict:
     return get_task("tensor-map").run(params, shard, device="cpu")
 
 
-def test_runner_cancel_gang_and_chain_on_the_cluster(cluster) -> None:
+def test_runner_cancel_gang_and_chain_on_the_cluster(cluster, tmp_path: Path) -> None:
     """A cancelled shard's Ray task is cancelled; a gang shard runs in one
     placement group that is gone afterwards; chain shards run in order."""
     import types
@@ -299,31 +293,32 @@ def test_runner_cancel_gang_and_chain_on_the_cluster(cluster) -> None:
 
     async def case(runner, core) -> None:
         # cancel: the shard's Ray task stops, the runner returns at once
+        victim = task_name("tensor-map", 0, "cancel-me")
         with trio.move_on_after(120) as scope:
             async with trio.open_nursery() as n:
                 n.start_soon(runner.run_shard, _shard(0, big, job="cancel-me"))
-                while not ((t := await trio.to_thread.run_sync(task_named, "fedswarm tensor-map#0"))
-                           and t.state == "RUNNING"):
-                    await trio.sleep(0.2)
+                while not ((t := await trio.to_thread.run_sync(task_named, victim)) and t.state == "RUNNING"):
+                    await trio.sleep(0.1)
                 n.cancel_scope.cancel()
         assert not scope.cancelled_caught, "the shard never ran"
         assert runner.stats["ray_cancelled"] == 1
         with trio.fail_after(60):
-            while (t := await trio.to_thread.run_sync(task_named, "fedswarm tensor-map#0")).state == "RUNNING":
-                await trio.sleep(0.2)
+            while (t := await trio.to_thread.run_sync(task_named, victim)).state == "RUNNING":
+                await trio.sleep(0.1)
         # it stopped long before its work was done (Ray's state API may label a task
         # interrupted by ray.cancel FINISHED: ray-project/ray#32826)
         assert t.state in ("FAILED", "FINISHED"), t.state
 
         # gang: two slots, one placement group, removed afterwards
-        fin = await runner.run_shard(_shard(7, small, job="gang", gpus=2))
+        with trio.fail_after(90):  # the cluster's two CPUs, once the cancelled worker has gone
+            fin = await runner.run_shard(_shard(7, small, job="gang", gpus=2))
         assert fin.ok, fin.error
         assert msgpack.unpackb(fin.result) == _expected(small, 7)
         pgs = list_placement_groups(address=cluster.dashboard, raise_on_missing_output=False)
         assert pgs and all(p.state == "REMOVED" for p in pgs), [(p.placement_group_id, p.state) for p in pgs]
 
         # chain: shard 11 arrives first, yet waits for shard 10 (two CPUs are free)
-        for s in (10, 11):  # (names apart from the shards above: Ray names a task by kind and shard)
+        for s in (10, 11):
             core.leases[("tenant", "chain", s, 0)] = types.SimpleNamespace(job=types.SimpleNamespace(chain=True))
         mid = {"seed": 5, "size": 256, "iters": 20}
         done: list[int] = []
@@ -333,21 +328,95 @@ def test_runner_cancel_gang_and_chain_on_the_cluster(cluster) -> None:
             assert fin.ok, fin.error
             done.append(s)
 
-        async with trio.open_nursery() as n:
-            n.start_soon(one, 11)
-            await trio.sleep(0)  # shard 11 arrives first and waits for shard 10
-            n.start_soon(one, 10)
+        with trio.fail_after(90):
+            async with trio.open_nursery() as n:
+                n.start_soon(one, 11)
+                await trio.sleep(0)  # shard 11 arrives first and waits for shard 10
+                n.start_soon(one, 10)
         assert done == [10, 11]
         core.leases.clear()
+
         def times():
             rows = {t.name: t for t in ray_tasks(cluster, detail=True)}
-            a, b = rows.get("fedswarm tensor-map#10"), rows.get("fedswarm tensor-map#11")
+            a, b = rows.get(task_name("tensor-map", 10, "chain")), rows.get(task_name("tensor-map", 11, "chain"))
             return (a, b) if a and b and a.end_time_ms and b.start_time_ms else None
 
         with trio.fail_after(30):  # the state API learns task events a moment late
             while not (both := await trio.to_thread.run_sync(times)):
-                await trio.sleep(0.3)
+                await trio.sleep(0.2)
         first, second = both
         assert second.start_time_ms >= first.end_time_ms, "chain shard 11 started before shard 10 ended"
 
-    _run_runner_case(cluster, case)
+    _run_runner_case(cluster, tmp_path / "key", case)
+
+
+# -- jobs through the swarm ------------------------------------------------------------------
+
+def test_plain_and_ray_peers_compute_what_a_local_run_computes(cluster, swarm, tmp_path: Path) -> None:
+    """Two plain peers join the swarm; a job through the three tensor-map
+    peers gives what ``--local`` gives, and Ray's state API lists each shard
+    the Ray peer ran as one of its tasks. The plain peers leave at the end."""
+    companion, ray_peer, work = swarm
+    shards = 12
+    args = ["--size", "128", "--iters", "3"]
+    local = start_local(tmp_path / "local.jsonl", shards, args)
+    plain = LocalSwarm(2, work / "plain", profile=PROFILE)
+    try:
+        plain.peers = [plain.spawn_peer(i, bootstrap=[companion.addr]) for i in range(2)]
+        for q in plain.peers:
+            q.wait_ready()
+        wait_until(lambda: own_slots(ray_peer) == 2, 30, "the Ray peer to advertise 2 slots")
+        wait_until(lambda: len(plain.peers[0].status()["peers"]) == 4, 30, "4 peers in the view")
+        p = submit(plain.peers[0].addr, tmp_path / "out.jsonl", shards, args, min_peers=4)
+        job = finish_submit(p)
+        rows = read(tmp_path / "out.jsonl")
+        check_results(rows, finish_local(local, tmp_path / "local.jsonl"))
+        mine = sorted(r["shard"] for r in rows if r["peer"] == ray_peer.peer_id)
+        assert mine, "the Ray-fronted peer ran none of the shards"
+        assert {r["peer"] for r in rows} <= {ray_peer.peer_id, *(q.peer_id for q in plain.peers)}
+        # Ray's state API lists each shard this peer ran as one of its tasks
+        want = {task_name("tensor-map", s, job) for s in mine}
+
+        def listed():
+            return want <= {t.name for t in ray_tasks(cluster) if t.state == "FINISHED"}
+
+        wait_until(listed, 30, "Ray's state API to list the shards' tasks", poll=0.3)
+    finally:
+        plain.close()
+
+
+def test_a_killed_ray_node_loses_nothing_and_slots_follow_the_nodes(cluster, swarm, tmp_path: Path) -> None:
+    """Only the Ray peer serves tensor-map here (the plain peers have left),
+    so every shard runs on Ray,
+    two at a time, one of them on the second node, which is killed mid-shard;
+    its slot leaves the peer's offer, and a node that joins adds one."""
+    companion, ray_peer, _ = swarm
+    shards = 4
+    wait_until(lambda: own_slots(ray_peer) == 2, 30, "2 slots (head + node)")
+    # the plain peers of the test before have left (their leave is gossiped at once)
+    wait_until(lambda: len(companion.status()["peers"]) == len(ray_peer.status()["peers"]) == 2, 30,
+               "the companion and the Ray peer to see each other and nobody else")
+    victim = cluster.nodes[1]
+    p = submit(companion.addr, tmp_path / "out.jsonl", shards, [f"--{k}={v}" for k, v in LONG.items()], min_peers=2)
+    # a shard running on the second node: its worker's process title, at once
+    running = wait_until(lambda: [t for t in cluster.busy_workers(victim) if t.startswith("fedswarm tensor-map#")],
+                         90, "a shard running on the second node", poll=0.02)
+    cluster.kill_node(victim)  # SIGKILL the node's raylet and workers: a machine gone
+    # the node's slot leaves the peer's advertised capacity
+    wait_until(lambda: own_slots(ray_peer) == 1, 60, "the advertised slots to drop to 1")
+    with ThreadPoolExecutor(1) as pool:
+        # a node joins (while the job goes on): its slot is offered to the swarm
+        joined = pool.submit(cluster.add_node, cpus=1)
+        job = finish_submit(p)
+        assert running[0].endswith(" " + job), running
+        rows = read(tmp_path / "out.jsonl")
+        # what --local computes: the registry's task, in this process (as JSON)
+        check_results(rows, [{"shard": i, "result": json.loads(json.dumps(_expected({"seed": 11, **LONG}, i)))}
+                             for i in range(shards)])
+        assert {r["peer"] for r in rows} == {ray_peer.peer_id}
+        # the shard lost with the node ran again on the cluster, within its lease
+        st = ray_peer.status()["stats"]
+        assert st.get("ray_retries", 0) >= 1, st
+        assert st.get("ray_handed_back", 0) == 0, st
+        joined.result(timeout=120)
+    wait_until(lambda: own_slots(ray_peer) == 2, 60, "the advertised slots to rise back to 2")

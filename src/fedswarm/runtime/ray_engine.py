@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -94,6 +95,7 @@ __all__ = [
     "parse_reserve",
     "run_shard_on_worker",
     "probe_node_gpus",
+    "task_name",
 ]
 
 log = logging.getLogger("fedswarm.ray")
@@ -101,6 +103,13 @@ log = logging.getLogger("fedswarm.ray")
 RAY_HINT = "pip install 'fedswarm[ray]'"
 #: the Ray task name prefix (Ray's state API and dashboard show it)
 TASK_PREFIX = "fedswarm"
+_JOB_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+def task_name(kind: str, shard: int, job_id: str) -> str:
+    """The Ray task name of one shard: ``fedswarm KIND#SHARD JOB`` (the job id
+    as the client chose it, cut to 64 safe characters)."""
+    return f"{TASK_PREFIX} {kind}#{shard} {_JOB_CHARS.sub('_', job_id)[:64]}"
 _SIZE_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -531,9 +540,9 @@ class RayRunner:
                 cap = await trio.to_thread.run_sync(self.cluster.read, self._held, abandon_on_cancel=True)
             except Exception as exc:  # the head went away: offer nothing until it is back
                 log.warning("cannot read the Ray cluster: %r", exc)
-                cap = replace(self.capacity, slots=0, free=0.0) if self.capacity else None
-                if cap is None:
+                if self.capacity is None:
                     continue
+                cap = replace(self.capacity, slots=0, free=0.0)
             self.apply(cap)
             if not had_gpu_power and self.cluster.gpu_power() is not None:
                 had_gpu_power = True
@@ -596,7 +605,7 @@ class RayRunner:
 
         retryable = (rx.WorkerCrashedError, rx.NodeDiedError, rx.ObjectLostError, rx.LocalRayletDiedError,
                      rx.OutOfMemoryError, rx.RaySystemError, rx.ObjectFetchTimedOutError)
-        opts: dict[str, Any] = {"name": f"{TASK_PREFIX} {eff.task}#{eff.shard}", "max_retries": 0,
+        opts: dict[str, Any] = {"name": task_name(eff.task, eff.shard, eff.job_id), "max_retries": 0,
                                 "retry_exceptions": False}
         pg = None
         if need > 1:
@@ -727,7 +736,8 @@ class LocalRayCluster:
     """
 
     def __init__(self, workdir: Any, *, head_cpus: int = 1, head_gpus: int = 0, env: dict[str, str] | None = None,
-                 fast_health_checks: bool = True, object_store_bytes: int = 80 * 1024 * 1024) -> None:
+                 fast_health_checks: bool = True, object_store_bytes: int = 80 * 1024 * 1024,
+                 dashboard: bool = True) -> None:
         import os
         import sys
         from pathlib import Path
@@ -735,10 +745,19 @@ class LocalRayCluster:
         self.workdir = Path(workdir)
         self.head_cpus, self.head_gpus = head_cpus, head_gpus
         self.object_store_bytes = object_store_bytes
+        #: the head runs Ray's dashboard, whose state API lists tasks (``ray[default]``)
+        self.dashboard_on = dashboard
         self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
-        if fast_health_checks:  # a killed node is declared dead in ~2 s, not ~30 s
+        self.env.pop("RAY_ADDRESS", None)  # `ray start --address` is given explicitly
+        if fast_health_checks:
+            # A killed node is declared dead ~2 s after it went (its port refuses the
+            # check at once: period x threshold), not ~30 s. A live node that is merely
+            # slow (a loaded 2-core machine) has 5 s per check, 3 in a row, before the
+            # GCS gives up on it: a short timeout here declared healthy nodes dead.
             self.env.update({"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "500",
-                             "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "3"})
+                             "RAY_health_check_timeout_ms": "5000", "RAY_health_check_failure_threshold": "3",
+                             # task states reach the state API within ~0.1 s, not ~1 s
+                             "RAY_task_events_report_interval_ms": "100"})
         self.ray_bin = str(Path(sys.executable).with_name("ray"))
         self.port = _free_port()
         self.dashboard_port = _free_port()
@@ -791,7 +810,7 @@ class LocalRayCluster:
 
     def start(self, timeout: float = 90.0) -> "LocalRayCluster":
         self._spawn(["--head", "--port", str(self.port), "--num-cpus", str(self.head_cpus),
-                     "--num-gpus", str(self.head_gpus), "--include-dashboard=true",
+                     "--num-gpus", str(self.head_gpus), f"--include-dashboard={str(self.dashboard_on).lower()}",
                      "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
                      "--ray-client-server-port", str(_free_port()), "--temp-dir", self.temp_dir],
                     "head", timeout)
@@ -803,42 +822,73 @@ class LocalRayCluster:
                            "node", timeout)
 
     def kill_node(self, proc: Any) -> None:
-        """SIGKILL every process of that node (its raylet and workers)."""
+        """SIGKILL every process of that node at once (its raylet, agents and
+        workers), the way a machine dies."""
+        self._stop(proc)
+        if proc in self.nodes:
+            self.nodes.remove(proc)
+
+    @staticmethod
+    def _node_pids(proc: Any) -> dict[int, str]:
+        """pid -> process title of every process of the node that ``ray start``
+        process ``proc`` leads: its process group (raylet, agents) and their
+        descendants (Ray puts each worker in a process group of its own).
+        Read from /proc (Linux)."""
+        import os
+
+        table: dict[int, tuple[int, int]] = {}  # pid -> (ppid, pgrp)
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                table[int(name)] = (int(fields[1]), int(fields[2]))
+            except (OSError, IndexError, ValueError):
+                continue
+        mine = {pid for pid, (_, pgrp) in table.items() if pgrp == proc.pid}
+        grew = True
+        while grew:
+            more = {pid for pid, (ppid, _) in table.items() if ppid in mine} - mine
+            grew = bool(more)
+            mine |= more
+        out = {}
+        for pid in mine:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    out[pid] = f.read().split(b"\0")[0].decode(errors="replace").strip()
+            except OSError:
+                continue
+        return out
+
+    def busy_workers(self, proc: Any) -> list[str]:
+        """The Ray tasks executing on the node of ``proc`` right now: the
+        titles (``ray::NAME``) of its worker processes that are not idle (no
+        lag, unlike the state API)."""
+        idle = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+        return [t[len("ray::"):] for t in self._node_pids(proc).values() if t.startswith("ray::") and t not in idle]
+
+    @classmethod
+    def _stop(cls, proc: Any) -> None:
+        """SIGKILL the node's processes, workers included, and reap ``ray start``."""
         import os
         import signal
 
+        for pid in cls._node_pids(proc):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.wait()
-        if proc in self.nodes:
-            self.nodes.remove(proc)
-
-    @staticmethod
-    def _stop(proc: Any, timeout: float = 15.0) -> None:
-        import os
-        import signal
-        import subprocess
-
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout)
-                if sig == signal.SIGTERM:
-                    # ray start --block's children may outlive it: kill what is left of its group
-                    continue
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            proc.wait(5)
-        except Exception:
-            pass
 
     def close(self) -> None:
+        """SIGKILL every node's process group at once (a graceful ``ray stop``
+        of a head and a node takes ~15-30 s on 2 cores; a throwaway cluster
+        keeps nothing worth flushing), then remove its temp dir."""
         import shutil
 
         for proc in reversed(self.nodes):
