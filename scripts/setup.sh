@@ -7,10 +7,12 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-stamp=.venv/.fedswarm-installed
+# the stamp names the extras: a venv set up without [ray] is brought up to date once
+stamp=.venv/.fedswarm-installed-dev-ray
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+    # [ray]: tests/ray runs a real local Ray cluster (peer start --engine ray, docs/ray.md)
+    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev,ray]'
     touch "$stamp"
 fi
 # the real model of the demo and the tests (SmolLM2, 98 MB): fetched once into
