@@ -58,7 +58,7 @@ _FREEZE_EVERY = (1 << 20) - 1  # events between gc.freeze() calls (mask)
 #: which cost a message kind counts under in the results' message split
 MSG_CLASS = {
     "Gossip": "gossip", "PeerState": "gossip",
-    "LeaseRenew": "leases", "LeaseAck": "leases",
+    "LeaseRenew": "leases", "LeaseAck": "leases", "LeaseRenewBatch": "leases", "LeaseAckBatch": "leases",
 }  # everything else (calls for bids, bids, awards, declines, cancels, results and their acks): scheduling
 
 

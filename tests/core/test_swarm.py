@@ -310,3 +310,28 @@ def test_an_idle_client_pulls_no_views_and_a_submit_pulls_once() -> None:
     assert c.stats["pulls"] == placed
     s.step_until(s.now + 200, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok
+
+
+def test_batched_renewals_send_one_message_per_peer_and_client() -> None:
+    # renew_batch: a peer renews all of a client's shards it holds in one
+    # LeaseRenewBatch per round, answered by one LeaseAckBatch; every shard
+    # is still delivered once, with far fewer lease messages
+    from collections import Counter
+
+    kinds: dict[bool, Counter[str]] = {}
+    for batch in (False, True):
+        cnt = kinds[batch] = Counter()
+        s = MiniSwarm(2, seed=5, peer_config=lambda i, b=batch: PeerConfig(slots=8, renew_interval_s=1.0,
+                                                                            renew_batch=b))
+        s.drop = lambda src, e, cnt=cnt: bool(cnt.update([e.kind]))
+        s.step_until(s.now + 10)
+        c = s.add_client()
+        s.step_until(s.now + 5)
+        jid = s.submit(c, JobRequest("sim", 16, work_s=30.0))
+        s.step_until(s.now + 600, stop=lambda: jid in s.finished)
+        assert s.finished[jid].ok
+        assert sorted(d.shard for d in s.delivered if d.job_id == jid) == list(range(16))
+    plain, batched = kinds[False], kinds[True]
+    assert plain["LeaseRenewBatch"] == 0 and batched["LeaseRenewBatch"] > 0
+    assert batched["LeaseAckBatch"] == batched["LeaseRenewBatch"]
+    assert batched["LeaseRenew"] + batched["LeaseRenewBatch"] < plain["LeaseRenew"] / 3, (plain, batched)

@@ -23,6 +23,9 @@ from fedswarm.core.wire import (
     Gossip,
     JobSpec,
     LeaseAck,
+    LeaseAckBatch,
+    LeaseRenew,
+    LeaseRenewBatch,
     PeerState,
     PowerInfo,
     ShardResult,
@@ -87,6 +90,10 @@ messages = st.one_of(
     st.builds(LeaseAck, names, small, small, st.booleans(), pos),
     st.builds(ShardResult, names, small, small, st.booleans(), st.binary(max_size=100), st.text(max_size=20), pos, pos, pos),
     st.builds(Cancel, names, st.lists(small, max_size=5).map(tuple)),
+    st.builds(LeaseRenewBatch, st.lists(st.builds(LeaseRenew, names, small, small, st.booleans(), pos),
+                                        min_size=1, max_size=5).map(tuple)),
+    st.builds(LeaseAckBatch, st.lists(st.builds(LeaseAck, names, small, small, st.booleans(), st.floats(0, 86400)),
+                                      min_size=1, max_size=5).map(tuple)),
 )
 
 
@@ -244,3 +251,14 @@ def test_peer_id_round_trip_and_rejects_non_ed25519() -> None:
 
 def test_every_kind_is_registered_once() -> None:
     assert sorted(KINDS) == list(range(1, len(KINDS) + 1))
+
+
+def test_a_renewal_batch_is_checked_item_by_item() -> None:
+    ok = LeaseRenewBatch((LeaseRenew("j", 0, 0, True, 5.0), LeaseRenew("j", 1, 2, False, 9.5)))
+    assert LeaseRenewBatch.from_body(ok.to_body()) == ok
+    with pytest.raises(RemoteProtocolError):
+        LeaseRenewBatch.from_body([[]])  # empty
+    with pytest.raises(RemoteProtocolError):
+        LeaseRenewBatch.from_body([[["j", 0, 0, True]]])  # an item short of a field
+    with pytest.raises(RemoteProtocolError):
+        LeaseAckBatch.from_body([[["j", 0, 0, True, 1e9]]])  # a lease longer than a day

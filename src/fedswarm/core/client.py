@@ -83,7 +83,9 @@ from .wire import (
     Gossip,
     JobSpec,
     LeaseAck,
+    LeaseAckBatch,
     LeaseRenew,
+    LeaseRenewBatch,
     PeerState,
     ResultAck,
     ShardResult,
@@ -356,6 +358,8 @@ class ClientCore(Node):
                 return self._on_bid(now, signed, msg)
             if isinstance(msg, LeaseRenew):
                 return self._on_renew(now, signed, msg)
+            if isinstance(msg, LeaseRenewBatch):
+                return self._on_renew_batch(now, signed, msg)
             if isinstance(msg, ShardResult):
                 return self._on_result(now, signed, msg)
             if isinstance(msg, AwardDecline):
@@ -1099,10 +1103,18 @@ class ClientCore(Node):
         return job, sh
 
     def _on_renew(self, now: float, signed: Signed, msg: LeaseRenew) -> list[Effect]:
-        found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)
+        return [self._send(signed.author, self._renew_ack(now, signed.author, msg), now)]
+
+    def _on_renew_batch(self, now: float, signed: Signed, msg: LeaseRenewBatch) -> list[Effect]:
+        acks = tuple(self._renew_ack(now, signed.author, r) for r in msg.renewals)
+        return [self._send(signed.author, LeaseAckBatch(acks), now)]
+
+    def _renew_ack(self, now: float, peer: str, msg: LeaseRenew) -> LeaseAck:
+        """Extend (or revoke) ``peer``'s lease that ``msg`` renews."""
+        found = self._holder(msg.job_id, msg.shard, msg.attempt, peer)
         if found is None:
             self.stats["renewals_unknown"] += 1
-            return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, False, 0.0), now)]
+            return LeaseAck(msg.job_id, msg.shard, msg.attempt, False, 0.0)
         job, sh = found
         current = not job.finished and sh.state != ShardState.DONE and msg.attempt in sh.live
         # a shard with a long way to go gets a longer lease (fewer renewals);
@@ -1113,7 +1125,7 @@ class ClientCore(Node):
             self._set_lease(sh, job.spec.job_id, now + granted)
             sh.award = None
         self.stats["renewals"] += 1
-        return [self._send(signed.author, LeaseAck(msg.job_id, msg.shard, msg.attempt, current, granted), now)]
+        return LeaseAck(msg.job_id, msg.shard, msg.attempt, current, granted)
 
     def _on_decline(self, now: float, signed: Signed, msg: AwardDecline) -> list[Effect]:
         found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)

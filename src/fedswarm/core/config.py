@@ -54,6 +54,10 @@ class PeerConfig:
     join_pull: int = 255  # view entries asked of each bootstrap peer on start (<= 255)
     # -- auction, leases, results ------------------------------------------
     renew_interval_s: float = 2.0
+    # one LeaseRenewBatch per client and renewal round for all of its shards
+    # held here (those due within half an interval go along), not one
+    # LeaseRenew per shard; off: one message per shard, as before
+    renew_batch: bool = False
     lease_grace_s: float = 12.0  # abandon a shard whose client stopped acking
     result_retry_s: float = 1.0  # longest wait before a result is resent (the first: the client's timed RTO)
     result_retries: int = 60

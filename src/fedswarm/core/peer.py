@@ -36,7 +36,10 @@ A peer does four things, all driven by ``handle(now, input)`` and
    (``RunShard``, state ``running``). While shards wait, every running
    shard below full clock is raised to it (``SetLevel``). Every
    ``renew_interval_s`` the peer
-   sends ``LeaseRenew``; the client answers ``LeaseAck``. A revoked lease
+   sends ``LeaseRenew``; the client answers ``LeaseAck``. With
+   ``renew_batch`` the renewals due for one client go in one
+   ``LeaseRenewBatch`` (with that client's leases due within half an
+   interval, so they stay in step), answered by one ``LeaseAckBatch``. A revoked lease
    (``ok=False``) or a ``Cancel`` from the tenant drops the shard
    (``CancelShard`` if it runs); a lease with no ack for ``lease_grace_s``
    is abandoned (its client is gone), which garbage-collects orphaned work.
@@ -95,8 +98,11 @@ from .wire import (
     Cancel,
     Gossip,
     JobSpec,
+    MAX_BATCH,
     LeaseAck,
+    LeaseAckBatch,
     LeaseRenew,
+    LeaseRenewBatch,
     PeerState,
     PowerInfo,
     ResultAck,
@@ -273,12 +279,19 @@ class PeerCore(Node):
             self._next_gossip = now + cfg.gossip_interval_s * self._quiet
         etas: dict[LeaseKey, float] | None = None
         ctx: _PrioContext | None = None
+        batch: dict[str, list[LeaseRenew]] | None = None
+        early, due = -math.inf, set()  # batching: a client's leases due by this go with one due now
+        if cfg.renew_batch:
+            batch = {}
+            due = {lease.tenant for lease in self.leases.values() if now >= lease.next_renew_at}
+            early = now + cfg.renew_interval_s / 2.0
         for lease in list(self.leases.values()):
             if now - lease.last_ack_at > self._grace(lease):
                 self.stats["leases_abandoned"] += 1
                 out.extend(self._drop(lease))
                 etas = None
-            elif now >= lease.next_renew_at:
+            elif now >= lease.next_renew_at or (batch is not None and lease.next_renew_at <= early
+                                                 and lease.tenant in due):
                 if lease.state == LeaseState.QUEUED:
                     ctx = ctx or self._context(now)
                     start = now + self._wait_estimate(lease.job, lease.tenant, ctx, lease.key[2], lease)
@@ -293,7 +306,17 @@ class PeerCore(Node):
                 if etas is None:
                     etas = self._etas(now)
                 lease.next_renew_at = now + self.config.renew_interval_s
-                out.append(self._send(lease.tenant, self._renew_msg(lease, now, etas.get(lease.key)), now))
+                msg = self._renew_msg(lease, now, etas.get(lease.key))
+                if batch is None:
+                    out.append(self._send(lease.tenant, msg, now))
+                else:
+                    batch.setdefault(lease.tenant, []).append(msg)
+        for tenant, msgs in (batch or {}).items():
+            # one message per client for all of its shards renewed this round
+            for i in range(0, len(msgs), MAX_BATCH):
+                part = msgs[i : i + MAX_BATCH]
+                out.append(self._send(tenant, part[0] if len(part) == 1 else LeaseRenewBatch(tuple(part)), now))
+                self.stats["renew_batches"] += len(part) > 1
         for key, ob in list(self.outbox.items()):
             if now >= ob.next_at:
                 if ob.left <= 0:
@@ -472,6 +495,11 @@ class PeerCore(Node):
                 return self._on_award(now, signed, msg)
             if isinstance(msg, LeaseAck):
                 return self._on_lease_ack(now, signed, msg)
+            if isinstance(msg, LeaseAckBatch):
+                out: list[Effect] = []
+                for ack in msg.acks:
+                    out.extend(self._on_lease_ack(now, signed, ack))
+                return out
             if isinstance(msg, ResultAck):
                 key = (signed.author, msg.job_id, msg.shard, msg.attempt)
                 ob = self.outbox.pop(key, None)

@@ -57,6 +57,8 @@ __all__ = [
     "Accusation",
     "Signed",
     "KINDS",
+    "LeaseRenewBatch",
+    "LeaseAckBatch",
     "encode",
     "decode",
     "decode_unverified",
@@ -545,6 +547,55 @@ class LeaseAck(Message):
         return cls(j, s, a, _bool(body[3], "ok"), _float(body[4], "lease_s", 0, 86400))
 
 
+MAX_BATCH = 4096  # renewals (or acks) in one batch
+
+
+def _batch(body: list[Any], name: str, field_name: str, item: Any) -> tuple[Any, ...]:
+    """A batch body: one non-empty list of at most ``MAX_BATCH`` bodies of
+    ``item`` (a message class), each validated as that message would be."""
+    if len(body) != 1:
+        raise _bad(name, "needs 1 field")
+    items = _list(body[0], field_name, MAX_BATCH)
+    if not items:
+        raise _bad(field_name, "empty")
+    return tuple(item.from_body(_list(x, field_name, 16)) for x in items)
+
+
+class _Batch(Message):
+    """Several messages of kind ``ITEM`` in one: the body is one non-empty
+    list of their bodies (at most ``MAX_BATCH``), each checked as that
+    message would be. The subclass's one field holds them."""
+
+    __slots__ = ()
+    ITEM: ClassVar[type[Message]]
+
+    def to_body(self) -> list[Any]:
+        return [[x.to_body() for x in getattr(self, fields(self)[0].name)]]  # type: ignore[arg-type]
+
+    @classmethod
+    def from_body(cls, body: list[Any]) -> "Message":
+        return cls(_batch(body, cls.__name__, fields(cls)[0].name, cls.ITEM))  # type: ignore[arg-type, call-arg]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewBatch(_Batch):
+    """Peer -> client: the renewals of several of its shards held here, in
+    one message per (peer, client) pair and renewal round."""
+
+    KIND: ClassVar[int] = 14
+    ITEM: ClassVar[type[Message]] = LeaseRenew
+    renewals: tuple[LeaseRenew, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseAckBatch(_Batch):
+    """Client -> peer: the answers to one ``LeaseRenewBatch``, in its order."""
+
+    KIND: ClassVar[int] = 15
+    ITEM: ClassVar[type[Message]] = LeaseAck
+    acks: tuple[LeaseAck, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class ShardResult(Message):
     """Peer -> client: the outcome of one attempt of one shard."""
@@ -647,6 +698,8 @@ KINDS: dict[int, type[Message]] = {
         ResultAck,
         Cancel,
         Accusation,
+        LeaseRenewBatch,
+        LeaseAckBatch,
     )
 }
 
