@@ -23,7 +23,6 @@ produced, so the generated tokens do not change.
 
 from __future__ import annotations
 
-import heapq
 import math
 import os
 import random
@@ -35,6 +34,21 @@ from typing import Any
 import torch
 import trio
 
+from .core.llm_route import (
+    DEFAULT_HOP_LATENCY,
+    Chain,
+    Done,
+    GiveUp,
+    Hop,
+    HopOutput,
+    HopState,
+    NeedRoute,
+    RouteBook,
+    Send,
+    StepPlan,
+    find_route,
+    live_spans,
+)
 from .errors import FederationError, InputError, TransportError
 from .llm_protocol import PROTOCOL, SESSION_ID_BYTES, WIRE_VERSION, WireError, decode, encode, pack_tensor, unpack_tensor
 from .tasks.llama import LlamaClientHead
@@ -51,70 +65,8 @@ __all__ = [
     "common_prefix",
 ]
 
-DEFAULT_HOP_LATENCY = 0.002  # s, assumed network round trip of an unmeasured peer
-
-
 class NoRoute(FederationError):
     """No chain of live peers covers the model's blocks."""
-
-
-@dataclass(frozen=True)
-class Hop:
-    peer: str
-    start: int
-    end: int
-    throughput: float
-
-
-def live_spans(entries: Sequence[Any], model_hash: str) -> list[Hop]:
-    """The spans of ``model_hash`` served by the view's live entries."""
-    out = []
-    for e in entries:
-        for s in e.state.spans:
-            if s.model == model_hash:
-                out.append(Hop(e.peer, s.start, s.end, s.throughput))
-    return out
-
-
-def find_route(
-    hops: Sequence[Hop],
-    start: int,
-    end: int,
-    *,
-    exclude: set[str] | frozenset[str] = frozenset(),
-    cost: Callable[[Hop], float] | None = None,
-) -> list[Hop] | None:
-    """Cheapest chain of ``hops`` from block ``start`` to block ``end`` (Dijkstra
-    over block boundaries; ties break on peer id), or None."""
-    cost = cost or (lambda h: 1.0 / max(h.throughput, 1e-9) + DEFAULT_HOP_LATENCY)
-    by_start: dict[int, list[Hop]] = {}
-    for h in hops:
-        if h.peer not in exclude and start <= h.start < h.end <= end:
-            by_start.setdefault(h.start, []).append(h)
-    best: dict[int, tuple[float, int, tuple[str, ...]]] = {start: (0.0, 0, ())}
-    prev: dict[int, Hop] = {}
-    heap: list[tuple[float, int, tuple[str, ...], int]] = [(0.0, 0, (), start)]
-    while heap:
-        c, n, ids, b = heapq.heappop(heap)
-        if best.get(b) != (c, n, ids):
-            continue
-        if b == end:
-            break
-        for h in sorted(by_start.get(b, ()), key=lambda h: (h.peer, h.end)):
-            cand = (c + cost(h), n + 1, ids + (h.peer,))
-            if h.end not in best or cand < best[h.end]:
-                best[h.end] = cand
-                prev[h.end] = h
-                heapq.heappush(heap, (*cand, h.end))
-    if end not in best:
-        return None
-    route = []
-    b = end
-    while b != start:
-        h = prev[b]
-        route.append(h)
-        b = h.start
-    return route[::-1]
 
 
 class _HopFailed(Exception):
@@ -122,13 +74,6 @@ class _HopFailed(Exception):
         super().__init__(f"{peer[:16]}: {reason}")
         self.peer = peer
         self.reason = reason
-
-
-@dataclass
-class _HopState:
-    hop: Hop
-    pos: int = 0  # positions the peer's session holds
-    pos_before: int = 0  # where the last _run_hop started
 
 
 @dataclass
@@ -195,8 +140,8 @@ class SwarmLLM:
         self.ban_s = ban_s
         self.max_chunk = max_chunk
         self.route_timeout = route_timeout
-        self.rtt: dict[str, float] = {}  # EWMA of one-token round trips per peer
-        self.banned: dict[str, float] = {}  # peer -> banned until (monotonic)
+        # bans and one-token round trips (sans-IO, fedswarm.core.llm_route); times are monotonic
+        self.book = RouteBook(ban_s=ban_s)
         self.stats = {"requests": 0, "failures": 0, "recoveries": 0,
                       "spot_checks": 0, "spot_mismatches": 0, "spot_banned": 0}
         # spot checks: now and then an untrusted hop's outputs are recomputed
@@ -252,7 +197,7 @@ class SwarmLLM:
         await slot["ev"].wait()
         return slot["out"]
 
-    async def _step_together(self, sess: "InferenceSession", hs: "_HopState", x: torch.Tensor) -> torch.Tensor | None:
+    async def _step_together(self, sess: "InferenceSession", hs: "HopState", x: torch.Tensor) -> torch.Tensor | None:
         """Send this session's decode step ``x`` (1, hidden) for hop ``hs``
         together with the other sessions' steps to the same peer and span:
         one ``step`` request, one batched forward on the peer.
@@ -373,29 +318,28 @@ class SwarmLLM:
             for it in batch:
                 it.failed = _HopFailed(hop.peer, "step answer does not match the request")
             return
-        old = self.rtt.get(hop.peer)
-        self.rtt[hop.peer] = dt if old is None else 0.8 * old + 0.2 * dt
+        self.book.observe(hop.peer, dt)
         for i, it in enumerate(batch):
-            it.hs.pos += 1
             it.out = out[i : i + 1]
 
     # -- routing -------------------------------------------------------------
     def hops(self) -> list[Hop]:
         return live_spans(self.view(), self.model_hash)
 
+    @property
+    def rtt(self) -> dict[str, float]:
+        """One-token round trips per peer (EWMA), the routes' hop costs."""
+        return self.book.rtt
+
     def excluded(self) -> set[str]:
-        now = time.monotonic()
-        for p in [p for p, t in self.banned.items() if t <= now]:
-            del self.banned[p]
-        return set(self.banned)
+        return self.book.excluded(time.monotonic())
 
     def cost(self, h: Hop) -> float:
-        r = self.rtt.get(h.peer)
-        return r if r is not None else 1.0 / max(h.throughput, 1e-9) + DEFAULT_HOP_LATENCY
+        return self.book.cost(h)
 
     def route(self, start: int = 0, end: int | None = None) -> list[Hop] | None:
         end = self.num_layers if end is None else end
-        return find_route(self.hops(), start, end, exclude=self.excluded(), cost=self.cost)
+        return self.book.route(self.hops(), start, end, time.monotonic())
 
     async def wait_route(self, start: int = 0, end: int | None = None, *, timeout: float | None = None) -> list[Hop]:
         """Wait (bounded) until the view holds a chain ``start -> end``."""
@@ -429,8 +373,7 @@ class SwarmLLM:
         return route
 
     def ban(self, peer: str, seconds: float | None = None) -> None:
-        self.banned[peer] = time.monotonic() + (self.ban_s if seconds is None else seconds)
-        self.rtt.pop(peer, None)
+        self.book.ban(peer, time.monotonic(), seconds)
 
     def trusted(self, peer: str) -> bool:
         return any(e.peer == peer and getattr(e, "trusted", False) for e in self.view())
@@ -633,11 +576,16 @@ class InferenceSession:
         self.length = 0  # positions processed through the whole chain
         self.tokens: list[int] = []  # the token ids of those positions
         self.prefilled = 0  # positions sent through the chain in all (a chat's turns add up here)
-        self.hops: list[_HopState] = []
+        # the chain and where each peer's cache stands (sans-IO, fedswarm.core.llm_route)
+        self.chain = Chain(llm.num_layers)
         # hidden states entering each block boundary, positions [0, length)
         self.hist: dict[int, torch.Tensor] = {}
         self.recoveries: list[dict[str, Any]] = []
-        self._stale: list[_HopState] = []  # sessions on peers we left, to close
+
+    @property
+    def hops(self) -> list[HopState]:
+        """The session's chain, first block first."""
+        return self.chain.hops
 
     async def __aenter__(self) -> "InferenceSession":
         self.llm.active.add(self)
@@ -649,8 +597,8 @@ class InferenceSession:
     async def close(self) -> None:
         """Close our sessions on every peer (best effort, bounded)."""
         self.llm.active.discard(self)
-        todo = self.hops + self._stale
-        self.hops, self._stale = [], []
+        todo = self.chain.hops + self.chain.take_stale()
+        self.chain.hops = []
         if not todo:
             return
         with trio.move_on_after(2.0):
@@ -676,85 +624,69 @@ class InferenceSession:
         del self.tokens[length:]
         for b in list(self.hist):
             self.hist[b] = self.hist[b][:length]
-        for hs in self.hops:
-            hs.pos = min(hs.pos, length)
-            hs.pos_before = min(hs.pos_before, length)
-
-    def _hop_from(self, b: int) -> _HopState | None:
-        for hs in self.hops:
-            if hs.hop.start == b:
-                return hs
-        return None
-
-    async def _reroute(self, b: int, failed: _HopState | None) -> None:
-        """Replace the chain from boundary ``b`` on: prefer a path over the
-        failed hop's blocks only (later hops keep their caches)."""
-        keep_after: list[_HopState] = []
-        idx = next((i for i, hs in enumerate(self.hops) if hs.hop.start == b), len(self.hops))
-        tail = self.hops[idx:]
-        if failed is not None and tail and tail[0] is failed:
-            sub = self.llm.route(b, failed.hop.end)
-            if sub is not None:
-                keep_after = tail[1:]
-                self._stale.append(failed)
-                self.hops = self.hops[:idx] + [_HopState(h) for h in sub] + keep_after
-                return
-        new = await self.llm.wait_route(b, self.llm.num_layers)
-        self._stale.extend(tail)
-        self.hops = self.hops[:idx] + [_HopState(h) for h in new]
+        self.chain.rollback(length)
 
     async def step(self, ids: Sequence[int]) -> torch.Tensor:
         """Run ``ids`` (the next positions) through the chain; return the last
-        block's hidden states for them, shape ``(len(ids), hidden_size)``."""
+        block's hidden states for them, shape ``(len(ids), hidden_size)``.
+
+        The walk along the chain (what to send where, resyncs, detours around
+        a failed or lying hop) is ``StepPlan``'s; this performs its actions."""
         llm = self.llm
         n, t = self.length, len(ids)
         if n + t > self.max_length:
             raise ValueError(f"session length {self.max_length} exceeded")
         emb = llm.head.embed(torch.tensor([list(ids)], dtype=torch.long))[0]
         self.hist[0] = torch.cat([self.hist[0][:n], emb]) if n else emb
-        if not self.hops:
-            self.hops = [_HopState(h) for h in await llm.wait_route()]
-        b = 0
-        attempts = 0
-        while b < llm.num_layers:
-            hs = self._hop_from(b)
-            if hs is None:  # the chain changed shape
-                await self._reroute(b, None)
-                continue
-            try:
-                out = await self._run_hop(hs, n + t)
-            except _HopFailed as exc:
-                attempts += 1
-                if attempts > 8 * llm.num_layers:
-                    raise NoRoute(f"giving up after {attempts} failed hops: {exc}") from None
-                t_fail = time.perf_counter()
-                llm.stats["failures"] += 1
-                llm.ban(exc.peer)
-                await self._reroute(b, hs)
-                self.recoveries.append({"position": n, "failed": exc.peer, "reason": exc.reason,
-                                        "blocks": [hs.hop.start, hs.hop.end], "t": t_fail})
-                llm.stats["recoveries"] += 1
-                continue
-            e = hs.hop.end
-            keep = hs.pos_before
-            full = torch.cat([self.hist[e][:keep], out]) if keep else out
-            if await self._spot_check(hs, n + t, full):
-                # the hop lied: it is banned; recompute from a replacement
-                attempts += 1
-                await self._reroute(b, hs)
-                continue
-            self.hist[e] = full
-            b = e
+        plan = StepPlan(self.chain, llm.book, llm.hops, n, n + t, max_chunk=llm.max_chunk)
+        outs: list[torch.Tensor] = []  # the current hop's outputs since its run started
+        try:
+            while True:
+                act = plan.next()
+                if isinstance(act, Done):
+                    break
+                if isinstance(act, NeedRoute):
+                    self.chain.set_tail(act.start, await llm.wait_route(act.start, llm.num_layers))
+                    continue
+                if isinstance(act, Send):
+                    hs = act.hop
+                    try:
+                        outs.append(await self._forward(hs, self.hist[hs.hop.start][act.lo : act.hi]))
+                        plan.sent(hs, act.hi - act.lo)
+                    except _Resync as rs:
+                        outs = []
+                        plan.resync(hs, rs.length, len(self.hist.get(hs.hop.end, ())), time.monotonic())
+                    except _HopFailed as exc:
+                        outs = []
+                        llm.stats["failures"] += 1
+                        before = len(plan.recoveries)
+                        plan.failed(hs, exc.reason, time.monotonic())
+                        llm.stats["recoveries"] += len(plan.recoveries) - before
+                    continue
+                assert isinstance(act, HopOutput)
+                hs, e = act.hop, act.hop.hop.end
+                out = torch.cat(outs) if len(outs) > 1 else outs[0]
+                outs = []
+                full = torch.cat([self.hist[e][: act.lo], out]) if act.lo else out
+                if await self._spot_check(hs, n + t, full):
+                    plan.lied(hs, time.monotonic())  # banned by the check: recompute from a replacement
+                    continue
+                self.hist[e] = full
+                plan.accept(hs)
+        except GiveUp as exc:
+            raise NoRoute(str(exc)) from None
+        finally:
+            self.recoveries.extend(plan.recoveries)
         self.length = n + t
         self.tokens.extend(int(i) for i in ids)
         self.prefilled += t
-        if attempts:
-            done = time.perf_counter()
+        if plan.attempts:
+            done = time.monotonic()
             for r in self.recoveries:
                 r.setdefault("recovered_s", round(done - r["t"], 4))
         return self.hist[llm.num_layers][n:]
 
-    async def _spot_check(self, hs: _HopState, upto: int, full: torch.Tensor) -> bool:
+    async def _spot_check(self, hs: HopState, upto: int, full: torch.Tensor) -> bool:
         """Maybe recompute a hop's outputs ``[0, upto)`` on another peer that
         serves the same span, and compare. Returns True if the hop is judged
         to have lied (and bans it).
@@ -811,11 +743,13 @@ class InferenceSession:
         """Run ``x`` through ``hop`` in a throwaway session; return its outputs."""
         llm = self.llm
         probe = InferenceSession(llm, self.max_length)
-        hs = _HopState(hop)
+        hs = HopState(hop)
         try:
             outs = []
             while hs.pos < len(x):
-                outs.append(await probe._forward(hs, x[hs.pos : min(len(x), hs.pos + llm.max_chunk)]))
+                chunk = x[hs.pos : min(len(x), hs.pos + llm.max_chunk)]
+                outs.append(await probe._forward(hs, chunk))
+                hs.pos += len(chunk)
             return torch.cat(outs) if len(outs) > 1 else outs[0]
         except _Resync as rs:
             raise _HopFailed(hop.peer, f"spot check out of sync ({rs})") from None
@@ -827,31 +761,9 @@ class InferenceSession:
                 except _HopFailed:
                     pass
 
-    async def _run_hop(self, hs: _HopState, upto: int) -> torch.Tensor:
-        """Bring the hop's session to position ``upto``: send the inputs it
-        has not seen (a replay when it is new), in chunks. Returns the outputs
-        for positions ``[hs.pos_before, upto)``."""
-        llm = self.llm
-        x = self.hist[hs.hop.start]
-        fixes = 0
-        while True:
-            start = hs.pos
-            outs = []
-            try:
-                while hs.pos < upto:
-                    chunk = x[hs.pos : min(upto, hs.pos + llm.max_chunk)]
-                    outs.append(await self._forward(hs, chunk))
-                hs.pos_before = start
-                return torch.cat(outs) if len(outs) > 1 else outs[0]
-            except _Resync as rs:
-                fixes += 1
-                if fixes > 3:
-                    raise _HopFailed(hs.hop.peer, f"cannot resync session ({rs})") from None
-                # restart where the peer is, but no later than the outputs we hold
-                have = len(self.hist.get(hs.hop.end, ()))
-                hs.pos = max(0, min(rs.length, have, start))
-
-    async def _forward(self, hs: _HopState, chunk: torch.Tensor) -> torch.Tensor:
+    async def _forward(self, hs: HopState, chunk: torch.Tensor) -> torch.Tensor:
+        """Send inputs ``chunk`` for positions ``hs.pos ..`` to the hop; return
+        its outputs. Moving ``hs.pos`` is the caller's (``StepPlan.sent``)."""
         llm = self.llm
         peer = hs.hop.peer
         if len(chunk) == 1 and hs.pos > 0 and llm.max_step_batch > 1:
@@ -879,9 +791,7 @@ class InferenceSession:
         if tuple(out.shape) != tuple(chunk.shape) or resp.get("length") != hs.pos + len(chunk):
             raise _HopFailed(peer, "answer does not match the request")
         if len(chunk) == 1:
-            old = llm.rtt.get(peer)
-            llm.rtt[peer] = dt if old is None else 0.8 * old + 0.2 * dt
-        hs.pos += len(chunk)
+            llm.book.observe(peer, dt)
         return out
 
 
@@ -904,7 +814,7 @@ async def _settle(count: Callable[[], int], max_ticks: int = 8) -> None:
 @dataclass(eq=False)
 class _StepItem:
     sess: "InferenceSession"
-    hs: "_HopState"
+    hs: "HopState"
     x: torch.Tensor  # (1, hidden)
     out: torch.Tensor | None = None
     failed: "_HopFailed | None" = None

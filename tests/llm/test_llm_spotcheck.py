@@ -20,9 +20,9 @@ def make_liar(server) -> None:
     """Perturb every output this server computes (a lying or broken peer)."""
     honest = server._compute
 
-    def lying(batch):
-        honest(batch)
-        for it in batch:
+    def lying(*args):  # (span, batch): the batch's items are the last argument
+        honest(*args)
+        for it in args[-1]:
             if it.result is not None:
                 t = torch.frombuffer(bytearray(it.result), dtype=torch.float32)
                 it.result = (t + 0.5).numpy().tobytes()
