@@ -183,7 +183,7 @@ class Client:
         """Wait until the client's view holds ``n`` live peers."""
         with trio.move_on_after(timeout):
             while len(self.core.view.live(self.agent.now())) < n:
-                await self.agent._changed()
+                await self.agent.wait_progress()
         have = len(self.core.view.live(self.agent.now()))
         if have < n:
             raise PeerUnreachable(f"only {have} of {n} peers known after {timeout}s")

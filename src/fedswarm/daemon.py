@@ -458,7 +458,7 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                         # let gossip show which blocks the swarm already serves (bounded)
                         with trio.move_on_after(3 * config.gossip_interval_s):
                             while len(core.view) < 2:
-                                await agent._changed()
+                                await agent.wait_progress()
                             await trio.sleep(config.gossip_interval_s)
                     # --blocks auto: the server keeps its span placed (a timer task in this nursery)
                     serving = await start_block_server(transport, core, opts.serve_model, opts.blocks,

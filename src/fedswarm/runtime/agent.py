@@ -171,7 +171,7 @@ class Agent:
         self.feed(Leave())
         with trio.move_on_after(grace_s):
             while core.leases or core.outbox:
-                await self._changed()
+                await self.wait_progress()
         if core.leases:
             self._perform(core.hand_back_running(self.now()))
         await self.drain(1.0)
@@ -180,10 +180,11 @@ class Agent:
         """Wait (at most ``timeout``) until every queued send has been tried."""
         with trio.move_on_after(timeout):
             while self._sends_in_flight:
-                await self._changed()
+                await self.wait_progress()
 
-    async def _changed(self) -> None:
-        """Wait until the core next produces effects (bounded)."""
+    async def wait_progress(self) -> None:
+        """Wait until the core next produces effects, or 0.5 s (for callers
+        that poll the core's state: re-check it after each return)."""
         ev = self._progress
         with trio.move_on_after(0.5):
             await ev.wait()
