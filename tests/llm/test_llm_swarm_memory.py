@@ -175,3 +175,40 @@ def test_sampling_is_reproducible_with_a_seed(tiny_dir):
             assert a.token_ids == b.token_ids and len(a.token_ids) == 12
 
     trio.run(main)
+
+
+def test_a_cancelled_session_does_not_hold_up_its_cohort(tiny_dir):
+    """A stream that goes away mid-generation (an API client that hung up)
+    leaves the cohort; the others finish with exact tokens and no wait runs
+    out for it."""
+    prompts = [PROMPT, PROMPT[:5], PROMPT[2:]]
+    refs = [local_greedy(tiny_dir, p, N_NEW) for p in prompts]
+
+    async def main():
+        async with memory_swarm(tiny_dir, ["0:2", "2:4"]) as s:
+            await s.llm.wait_route()
+            # a long bound: a cancelled member still waited for would stall each step for 30 s
+            s.llm.cohort_wait = 30.0
+            results = [None] * len(prompts)
+            gone = trio.CancelScope()
+
+            def on_token(i, tok):
+                if i == 3:
+                    gone.cancel()
+
+            async def run(i):
+                if i == 0:
+                    with gone:
+                        await s.llm.generate(prompts[i], N_NEW, on_token=on_token)
+                    return
+                results[i] = (await s.llm.generate(prompts[i], N_NEW)).token_ids
+
+            async with trio.open_nursery() as n:
+                for i in range(len(prompts)):
+                    n.start_soon(run, i)
+            assert gone.cancelled_caught
+            assert results[1:] == refs[1:]
+            assert s.llm.step_batches["cohort_timeouts"] == 0, s.llm.step_batches
+            assert not s.llm._decoding  # nobody is left in a decode loop
+
+    trio.run(main)
