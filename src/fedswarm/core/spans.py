@@ -117,6 +117,7 @@ class PlacementPolicy:
     probe_timeout_s: float = 2.0
     max_probes: int = 8  # probes per tick (round robin over the holders)
     suspect_after: int = 2  # consecutive failed probes that make a holder count as gone
+    max_rank: int = 64  # other holders whose moves ours is ranked against (bounds a tick's work)
 
 
 @dataclass
@@ -233,11 +234,12 @@ def per_block(spans: Iterable[tuple[int, int, float]], num_layers: int) -> list[
     return out
 
 
-def layout_score(blocks: Sequence[float]) -> tuple[int, tuple[float, ...]]:
-    """Smaller is better: uncovered blocks, then the sorted throughputs
-    negated (so a layout with a larger bottleneck, then a larger second
-    least served block, ... wins)."""
-    return sum(1 for x in blocks if x <= 0.0), tuple(-x for x in sorted(blocks))
+def layout_score(blocks: Sequence[float], holders: Sequence[int] | None = None) -> tuple[int, tuple[float, ...]]:
+    """Smaller is better: uncovered blocks (no holder; without ``holders``:
+    no throughput), then the sorted throughputs negated (so a layout with a
+    larger bottleneck, then a larger second least served block, ... wins)."""
+    gaps = sum(1 for x in blocks if x <= 0.0) if holders is None else sum(1 for c in holders if c <= 0)
+    return gaps, tuple(-x for x in sorted(blocks))
 
 
 def _hash(*parts: object) -> bytes:
@@ -287,23 +289,22 @@ def auto_span_size(num_layers: int, block_bytes: int, mem_bytes: int, cache_byte
     return max(1, min(half, budget // block_bytes))
 
 
-def _best_move(others: list[float], n: int, thr: float, current: SpanRange, tie: str) -> tuple[SpanRange, list[float]]:
+def _best_move(others: list[float], holders: list[int], n: int, thr: float, current: SpanRange,
+               tie: str) -> tuple[SpanRange, list[float], list[int]]:
     """The window of ``n`` blocks that gives the best layout when a peer of
-    ``thr`` tokens/s serves it on top of ``others``; the current one wins ties."""
-    def after(s: int) -> list[float]:
-        v = list(others)
-        for i in range(s, s + n):
-            v[i] += thr
-        return v
-
+    ``thr`` tokens/s serves it on top of ``others`` (per-block throughput and
+    holder counts); the current one wins ties."""
     best: tuple[Any, ...] | None = None
     for s in range(len(others) - n + 1):
-        v = after(s)
-        k = (layout_score(v), (s, s + n) != current, _hash(tie, s))
+        v, c = list(others), list(holders)
+        for i in range(s, s + n):
+            v[i] += thr
+            c[i] += 1
+        k = (layout_score(v, c), (s, s + n) != current, _hash(tie, s))
         if best is None or k < best[0]:
-            best = (k, (s, s + n), v)
+            best = (k, (s, s + n), v, c)
     assert best is not None
-    return best[1], best[2]
+    return best[1], best[2], best[3]
 
 
 # -- the state machine ----------------------------------------------------------
@@ -590,42 +591,51 @@ class ServingCore:
                 held.setdefault(a.peer, []).append((a.start, a.end, a.throughput))
         held[self.id] = [(mine[0], mine[1], my_thr)]
         now_blocks = per_block((sp for spans in held.values() for sp in spans), L)
-        uncovered = tuple(i for i, x in enumerate(now_blocks) if x <= 0.0)
+        count = [0] * L
+        for spans in held.values():
+            for lo, hi, _ in spans:
+                for i in range(max(lo, 0), min(hi, L)):
+                    count[i] += 1
+        uncovered = tuple(i for i, c in enumerate(count) if c == 0)
         need: tuple[Any, ...] = ("gap", uncovered) if uncovered else ("thr",)
         for k in [k for k in self._need_since if k != need]:
             del self._need_since[k]
+        draining = any(sl.draining for sl in self.spans.values())
 
         def move_of(peer: str) -> tuple[Any, SpanRange] | None:
             spans = held[peer]
             if len(spans) != 1:
                 return None  # several spans: not one of ours (auto peers serve one)
             a, b, thr = spans[0]
-            others = per_block((sp for q, sps in held.items() if q != peer for sp in sps), L)
+            others, holders = list(now_blocks), list(count)
+            for i in range(max(a, 0), min(b, L)):
+                others[i] = max(others[i] - max(thr, 0.0), 0.0)
+                holders[i] -= 1
             cur = (a, b)
-            w, after = _best_move(others, b - a, thr, cur, peer)
+            w, after, after_holders = _best_move(others, holders, b - a, max(thr, 0.0), cur, peer)
             if w == cur:
                 return None
-            before_u, after_u = len(uncovered), sum(1 for x in after if x <= 0.0)
+            before_u, after_u = len(uncovered), sum(1 for c in after_holders if c == 0)
             if after_u < before_u:
                 pass  # covers a block nobody serves
             elif before_u == 0 and after_u == 0 and min(after) >= pol.min_gain * min(now_blocks) > 0.0:
-                draining = any(sl.draining for sl in self.spans.values())
                 if peer == self.id and (now - self.last_change < pol.min_dwell_s or draining):
                     return None
             else:
                 return None
-            return (layout_score(after), _hash(peer, need)), w
+            return (layout_score(after, after_holders), _hash(peer, need)), w
 
         me = move_of(self.id)
         if me is None:
             return []
         since = self._need_since.setdefault(need, now)
+        # the holders that would make a better move than ours, among the
+        # first max_rank in an order every peer that sees this need shares
         rank = 0
-        for p in held:
-            if p != self.id:
-                m = move_of(p)
-                if m is not None and m[0] < me[0]:
-                    rank += 1
+        for p in sorted((p for p in held if p != self.id), key=lambda p: _hash(p, need))[: pol.max_rank]:
+            m = move_of(p)
+            if m is not None and m[0] < me[0]:
+                rank += 1
         if now - since < rank * (pol.patience_s + 2 * self.load_s):
             return []
         w = me[1]
