@@ -70,10 +70,11 @@ class NoRoute(FederationError):
 
 
 class _HopFailed(Exception):
-    def __init__(self, peer: str, reason: str) -> None:
+    def __init__(self, peer: str, reason: str, *, moved: bool = False) -> None:
         super().__init__(f"{peer[:16]}: {reason}")
         self.peer = peer
         self.reason = reason
+        self.moved = moved  # the peer answered wrong-span: it serves other blocks now
 
 
 @dataclass
@@ -660,7 +661,7 @@ class InferenceSession:
                         outs = []
                         llm.stats["failures"] += 1
                         before = len(plan.recoveries)
-                        plan.failed(hs, exc.reason, time.monotonic())
+                        plan.failed(hs, exc.reason, time.monotonic(), moved=exc.moved)
                         llm.stats["recoveries"] += len(plan.recoveries) - before
                     continue
                 assert isinstance(act, HopOutput)
@@ -783,7 +784,7 @@ class InferenceSession:
                 raise _Resync(resp["length"])
             if err == "unknown-session":
                 raise _Resync(0)
-            raise _HopFailed(peer, f"{err}: {resp.get('detail', '')}")
+            raise _HopFailed(peer, f"{err}: {resp.get('detail', '')}", moved=err == "wrong-span")
         try:
             out = unpack_tensor(resp.get("hidden"), max_ndim=2)
         except WireError as exc:

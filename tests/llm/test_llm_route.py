@@ -193,3 +193,22 @@ def test_any_mix_of_answers_ends_with_every_block_covered(script, t, chunk):
     assert chain.hops[0].hop.start == 0 and chain.hops[-1].hop.end == L
     assert all(x.hop.end == y.hop.start for x, y in zip(chain.hops, chain.hops[1:]))
     assert all(h.pos == 2 + t for h in chain.hops)
+
+
+def test_a_peer_that_moved_loses_that_span_only():
+    """wrong-span (the peer moved to other blocks) retires that hop, not the
+    peer: its new span stays usable while the view still shows the old one."""
+    old, new, other = Hop("a", 0, 2, 9.0), Hop("a", 2, L, 9.0), Hop("c", 0, 2, 1.0)
+    hops = [old, new, other]
+    chain = Chain(L)
+    book = RouteBook()
+    plan = StepPlan(chain, book, lambda: hops, 0, 1, max_chunk=8)
+    act = plan.next()
+    assert act == NeedRoute(0)
+    chain.set_tail(0, book.route(hops, 0, L, now=0.0))
+    assert [h.hop for h in chain.hops] == [old, new]
+    act = plan.next()
+    plan.failed(act.hop, "wrong-span", now=0.0, moved=True)
+    assert [h.hop for h in chain.hops] == [other, new]  # a detour over 0:2; a keeps serving 2:4
+    assert book.excluded(0.0) == set() and ("a", 0, 2) in book.retired
+    assert book.route(hops, 0, L, now=book.ban_s + 1.0) == [old, new]  # retired until the view caught up

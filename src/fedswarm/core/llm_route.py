@@ -135,6 +135,9 @@ class RouteBook:
         self.default_latency = default_latency
         self.rtt: dict[str, float] = {}  # EWMA of one-token round trips per peer
         self.banned: dict[str, float] = {}  # peer -> banned until
+        #: (peer, start, end) -> until: spans a peer said it no longer serves
+        #: (it moved; the view still shows the old state for a while)
+        self.retired: dict[tuple[str, int, int], float] = {}
 
     def excluded(self, now: float) -> set[str]:
         for p in [p for p, t in self.banned.items() if t <= now]:
@@ -144,6 +147,11 @@ class RouteBook:
     def ban(self, peer: str, now: float, seconds: float | None = None) -> None:
         self.banned[peer] = now + (self.ban_s if seconds is None else seconds)
         self.rtt.pop(peer, None)
+
+    def retire(self, hop: Hop, now: float, seconds: float | None = None) -> None:
+        """``hop``'s peer answered that it does not serve that span (any more):
+        skip that span, not the peer, until the view has caught up."""
+        self.retired[(hop.peer, hop.start, hop.end)] = now + (self.ban_s if seconds is None else seconds)
 
     def observe(self, peer: str, seconds: float) -> None:
         """A one-position round trip to ``peer`` took ``seconds``."""
@@ -155,6 +163,10 @@ class RouteBook:
         return r if r is not None else 1.0 / max(h.throughput, 1e-9) + self.default_latency
 
     def route(self, hops: Sequence[Hop], start: int, end: int, now: float) -> list[Hop] | None:
+        if self.retired:
+            for k in [k for k, t in self.retired.items() if t <= now]:
+                del self.retired[k]
+            hops = [h for h in hops if (h.peer, h.start, h.end) not in self.retired]
         return find_route(hops, start, end, exclude=self.excluded(now), cost=self.cost)
 
 
@@ -285,13 +297,17 @@ class StepPlan:
         hs.pos = max(0, min(length, have, start))
         self._run_start = hs.pos
 
-    def failed(self, hs: HopState, reason: str, now: float) -> None:
-        """The hop failed (transport, timeout, error answer): ban it and
-        route around it. Raises ``GiveUp`` after ``max_attempts``."""
+    def failed(self, hs: HopState, reason: str, now: float, *, moved: bool = False) -> None:
+        """The hop failed (transport, timeout, error answer): ban the peer
+        (or, when it answered that it moved to another span, retire only that
+        span) and route around it. Raises ``GiveUp`` after ``max_attempts``."""
         self.attempts += 1
         if self.attempts > self.max_attempts:
             raise GiveUp(f"giving up after {self.attempts} failed hops: {hs.hop.peer[:16]}: {reason}")
-        self.book.ban(hs.hop.peer, now)
+        if moved:
+            self.book.retire(hs.hop, now)
+        else:
+            self.book.ban(hs.hop.peer, now)
         self.recoveries.append({"position": self.n, "failed": hs.hop.peer, "reason": reason,
                                 "blocks": [hs.hop.start, hs.hop.end], "t": now})
         self._replace(hs, now)
