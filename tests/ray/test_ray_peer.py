@@ -420,3 +420,76 @@ def test_a_killed_ray_node_loses_nothing_and_slots_follow_the_nodes(cluster, swa
         assert st.get("ray_handed_back", 0) == 0, st
         joined.result(timeout=120)
     wait_until(lambda: own_slots(ray_peer) == 2, 60, "the advertised slots to rise back to 2")
+
+
+# -- an LLM span on a Ray actor --------------------------------------------------------------
+
+def test_a_span_on_a_ray_actor_serves_what_the_local_span_serves(cluster, tiny_dir, tmp_path: Path) -> None:
+    """A ``BlockServer`` whose span is a ``RaySpan`` (weights and KV caches in
+    a Ray actor) answers forwards and a batched step, and a retried step,
+    as the same server on the span loaded here does; the actor is a live
+    Ray actor on the cluster, and its caches go when the sessions go."""
+    import torch
+    import trio
+    from ray.util.state import list_actors
+
+    from fedswarm.llm_protocol import decode, encode, pack_tensor, unpack_tensor
+    from fedswarm.llm_serving import BlockServer, ServerLimits, measure_throughput
+    from fedswarm.tasks.checkpoint import load_block_span, model_hash
+    from fedswarm.runtime.ray_engine import connect_cluster, span_loader
+
+    sids = [bytes([65 + i]) * 16 for i in range(3)]
+    mhash = model_hash(tiny_dir)
+
+    def call(srv, msg):
+        return decode(trio.run(srv.handle, "client-a", encode(msg)))
+
+    def fwd(sid, pos, x):
+        return {"v": 1, "op": "forward", "model": mhash, "span": [0, 2], "session": sid, "pos": pos,
+                "max_length": 32, "hidden": pack_tensor(x)}
+
+    def step(pos, x):
+        return {"v": 1, "op": "step", "model": mhash, "span": [0, 2], "sessions": sids, "pos": pos,
+                "max_length": [32] * len(sids), "hidden": pack_tensor(x)}
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randn(n, 64, generator=g) for n in (3, 5, 2)]
+    nxt = torch.randn(3, 64, generator=g)
+
+    def session(srv) -> list:
+        outs = [unpack_tensor(call(srv, fwd(sid, 0, p))["hidden"]) for sid, p in zip(sids, prompts)]
+        r = call(srv, step([len(p) for p in prompts], nxt))
+        assert r["ok"] is True and r["length"] == [len(p) + 1 for p in prompts], r
+        # a retried step (the same positions again): each cache is cut back first
+        again = call(srv, step([len(p) for p in prompts], nxt))
+        return outs + [unpack_tensor(r["hidden"]), unpack_tensor(again["hidden"])]
+
+    want = session(BlockServer(load_block_span(tiny_dir, 0, 2), mhash, limits=ServerLimits(max_batch=8)))
+
+    async def connect():
+        return await connect_cluster(cluster.address, None)
+
+    rc = trio.run(connect)
+    try:
+        span = span_loader(rc)(tiny_dir, 0, 2)
+        try:
+            assert measure_throughput(span) > 0
+            srv = BlockServer(span, mhash, limits=ServerLimits(max_batch=8))
+            got = session(srv)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            alive = [a for a in list_actors(address=cluster.dashboard, raise_on_missing_output=False)
+                     if a.state == "ALIVE" and a.class_name == "SpanWorker"]
+            assert len(alive) == 1 and alive[0].node_id in {n["NodeID"] for n in rc.ray.nodes() if n["Alive"]}
+            assert rc.ray.get(span.actor.cached.remote()) == 3
+            for sid in sids:
+                assert call(srv, {"v": 1, "op": "close", "model": mhash, "session": sid})["ok"]
+            import gc
+
+            gc.collect()
+            call(srv, fwd(b"Z" * 16, 0, prompts[0]))  # frees travel with the next forward
+            assert rc.ray.get(span.actor.cached.remote()) == 1
+        finally:
+            span.close()
+    finally:
+        rc.shutdown()

@@ -70,10 +70,12 @@ abandoned on cancel.
 from __future__ import annotations
 
 import logging
+import itertools
 import math
 import re
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -96,6 +98,9 @@ __all__ = [
     "run_shard_on_worker",
     "probe_node_gpus",
     "task_name",
+    "RaySpan",
+    "SpanWorker",
+    "span_loader",
 ]
 
 log = logging.getLogger("fedswarm.ray")
@@ -712,6 +717,167 @@ class RayRunner:
         return ShardFinished(eff.tenant, eff.job_id, eff.shard, eff.attempt, True, bytes(out["result"]),
                              run_s=wall, energy_j=float(energy))
 
+
+
+# ------------------------------------------------ LLM spans on a Ray actor
+
+class SpanWorker:
+    """The Ray actor behind a :class:`RaySpan`: blocks ``[start, end)`` of a
+    checkpoint loaded on the node Ray picks, and the KV caches of the
+    sessions that use them, by id. The checkpoint must be at ``model_dir`` on
+    that node (the same path; a shared file system or the same image)."""
+
+    def __init__(self, model_dir: str, start: int, end: int, device: str, dtype: str | None,
+                 threads: int = 1) -> None:
+        import torch
+
+        from ..tasks.checkpoint import load_block_span
+
+        torch.set_num_threads(max(threads, 1))
+        if device == "cuda":
+            import ray
+
+            device = "cuda:0" if ray.get_gpu_ids() else "cpu"  # Ray set CUDA_VISIBLE_DEVICES
+        self.span = load_block_span(model_dir, start, end, device=device, dtype=dtype)
+        self.caches: dict[int, Any] = {}
+
+    def describe(self) -> dict:
+        import ray
+
+        sp = self.span
+        return {"config": sp.config, "dtype": str(sp.dtype).removeprefix("torch."), "device": str(sp.device),
+                "node": ray.get_runtime_context().get_node_id()}
+
+    def forward(self, hidden: Any, rows: list[tuple[int, int, int]] | None, free: list[int]) -> Any:
+        """``rows``: per batch row ``(cache id, length, max_length)``; a cache
+        is made on first use, cut to ``length`` (the driver's truncations),
+        and extended by the forward. ``free``: caches the driver dropped."""
+        for cid in free:
+            self.caches.pop(cid, None)
+        sp = self.span
+        x = hidden.to(sp.device)
+        if rows is None:
+            return sp(x).cpu()
+        caches = []
+        for cid, length, max_length in rows:
+            c = self.caches.get(cid)
+            if c is None:
+                c = self.caches[cid] = sp.new_cache(max_length)
+            c.truncate(length)
+            caches.append(c)
+        return sp(x, caches).cpu()
+
+    def cached(self) -> int:
+        return len(self.caches)
+
+
+class RayKVCache:
+    """The driver's side of one KV cache held by a :class:`SpanWorker`: its
+    length, kept here (``truncate`` is sent with the next forward)."""
+
+    def __init__(self, owner: "RaySpan", cid: int, max_length: int) -> None:
+        import torch
+
+        self.cid, self._max, self.length = cid, max_length, 0
+        self.k = torch.empty(0, dtype=owner.dtype)  # element size only
+        # a cache the server drops is freed on the actor with the next forward
+        weakref.finalize(self, owner._dropped.append, cid)
+
+    @property
+    def max_length(self) -> int:
+        return self._max
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class RaySpan:
+    """A ``LlamaBlockSpan`` that runs in a Ray actor (``SpanWorker``), for a
+    ``BlockServer`` on a peer in front of a Ray cluster: the same calls
+    (``config``, ``start``/``end``, ``dtype``, ``new_cache``, a batched
+    forward over caches), with the weights and KV caches on the actor's node
+    and the hidden states going through Ray. Forward calls block (the
+    server makes them in a worker thread)."""
+
+    def __init__(self, cluster: RayCluster, model_dir: str, start: int, end: int, *, device: str = "cpu",
+                 dtype: str | None = None, threads: int = 1, timeout_s: float = 300.0) -> None:
+        import torch
+
+        ray = cluster.ray
+        self.ray = ray
+        self.start, self.end = start, end
+        res = {"num_gpus": 1, "num_cpus": 1} if device.startswith("cuda") else {"num_cpus": threads, "num_gpus": 0}
+        self.actor = ray.remote(SpanWorker).options(
+            name=f"{TASK_PREFIX} span {start}:{end} {next(_span_ids)}", max_restarts=0, **res,
+        ).remote(str(model_dir), start, end, "cuda" if device.startswith("cuda") else "cpu", dtype, threads)
+        try:
+            d = ray.get(self.actor.describe.remote(), timeout=timeout_s)
+        except BaseException:
+            ray.kill(self.actor)
+            raise
+        self.config = d["config"]
+        self.dtype = getattr(torch, d["dtype"])
+        self.node = d["node"]
+        self.actor_device = d["device"]
+        self.device = torch.device("cpu")  # where the server's tensors for it live
+        self._ids = itertools.count(1)
+        self._dropped: list[int] = []
+
+    @property
+    def num_layers(self) -> int:
+        return self.end - self.start
+
+    def new_cache(self, max_length: int) -> RayKVCache:
+        if max_length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"max_length {max_length} exceeds max_position_embeddings {self.config.max_position_embeddings}")
+        return RayKVCache(self, next(self._ids), max_length)
+
+    def __call__(self, hidden: Any, caches: Any = None) -> Any:
+        if isinstance(caches, RayKVCache):
+            caches = [caches]
+        t = int(hidden.shape[1])
+        rows = None
+        if caches is not None:
+            caches = list(caches)
+            if len(caches) != int(hidden.shape[0]):
+                raise ValueError(f"{len(caches)} caches for a batch of {int(hidden.shape[0])}")
+            for c in caches:
+                if c.length + t > c.max_length:
+                    raise ValueError(f"KV cache overflow: {c.length} + {t} > {c.max_length}")
+            rows = [(c.cid, c.length, c.max_length) for c in caches]
+        free, self._dropped[:] = list(self._dropped), []
+        out = self.ray.get(self.actor.forward.remote(hidden.contiguous(), rows, free))
+        for c in caches or ():
+            c.length += t
+        return out
+
+    forward = __call__
+
+    def close(self) -> None:
+        try:
+            self.ray.kill(self.actor)
+        except Exception:
+            log.debug("killing a span actor failed", exc_info=True)
+
+
+_span_ids = itertools.count(1)  # actor names apart within one driver
+
+
+def span_loader(cluster: RayCluster, *, threads: int = 1) -> Callable[..., RaySpan]:
+    """``load(model_dir, start, end, device=..., dtype=...)`` that puts the
+    span in a Ray actor: the loader a ``BlockServer`` on a peer in front of a
+    Ray cluster would take where it loads ``load_block_span``."""
+
+    def load(model_dir: Any, start: int, end: int, *, device: str = "cpu", dtype: str | None = None) -> RaySpan:
+        return RaySpan(cluster, str(model_dir), start, end, device=str(device), dtype=dtype, threads=threads)
+
+    return load
 
 
 # ------------------------------------------------ a local cluster (tests, benchmarks)
