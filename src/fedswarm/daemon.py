@@ -461,8 +461,14 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                                 await agent.wait_progress()
                             await trio.sleep(config.gossip_interval_s)
                     # --blocks auto: the server keeps its span placed (a timer task in this nursery)
+                    load_span = None
+                    if ray_cluster is not None:  # the span lives in a Ray actor, on any node of the cluster
+                        from .runtime.ray_engine import span_loader
+
+                        load_span = span_loader(ray_cluster)
                     serving = await start_block_server(transport, core, opts.serve_model, opts.blocks,
-                                                       return_server=True, nursery=nursery, now=agent.now)
+                                                       return_server=True, nursery=nursery, now=agent.now,
+                                                       load_span=load_span)
                 if opts.metrics_port is not None:
                     port = await nursery.start(_serve_metrics, opts.metrics_port, agent, opts.http_host, serving)
                     url = f"http://{_url_host(opts.http_host)}:{port}"

@@ -586,6 +586,7 @@ async def start_block_server(
     nursery: trio.Nursery | None = None,
     policy: PlacementPolicy | None = None,
     now: Callable[[], float] = time.time,
+    load_span: Callable[..., Any] | None = None,
 ) -> Any:
     """Load blocks ``A..B-1`` of the checkpoint (only those tensors), serve
     them under ``PROTOCOL`` on ``transport`` and advertise the span in the
@@ -595,8 +596,12 @@ async def start_block_server(
     takes the N-block window (default: half the model) with the least serving
     throughput among the spans in the view, and -- given a ``nursery`` --
     keeps it placed (``keep_placed``, with ``policy`` or the default
-    ``PlacementPolicy``). ``now`` is the view's clock. Returns a JSON-able
-    description (or the ``BlockServer`` with ``return_server=True``).
+    ``PlacementPolicy``). ``now`` is the view's clock. ``load_span(dir,
+    start, end, device=, dtype=)`` loads a span (default: ``load_block_span``
+    in this process; a peer in front of a Ray cluster passes
+    ``runtime.ray_engine.span_loader``, which puts it in a Ray actor).
+    Returns a JSON-able description (or the ``BlockServer`` with
+    ``return_server=True``).
     """
     from .core.wire import Span
 
@@ -618,8 +623,10 @@ async def start_block_server(
     else:
         start, end = parse_blocks(blocks, cfg.num_hidden_layers)
 
+    loader = load_span or load_block_span
+
     def load(a: int, b: int) -> LlamaBlockSpan:
-        return load_block_span(d, a, b, device=device, dtype=dtype)
+        return loader(d, a, b, device=device, dtype=dtype)  # type: ignore[no-any-return]
 
     span = await trio.to_thread.run_sync(load, start, end)
     load_s = time.perf_counter() - t0
@@ -636,6 +643,7 @@ async def start_block_server(
         assert nursery is not None
         nursery.start_soon(lambda: keep_placed(server, core, transport, load, now=now))
     desc = {"model": mhash, "dir": str(d), "blocks": [start, end], "throughput": thr, "load_s": round(load_s, 3),
-            "protocol": PROTOCOL, "placement": "auto" if placing else "fixed"}
+            "protocol": PROTOCOL, "placement": "auto" if placing else "fixed",
+            "where": "ray" if load_span is not None else "local"}
     log.info("serving blocks", extra={"fields": desc})
     return server if return_server else desc

@@ -493,3 +493,39 @@ def test_a_span_on_a_ray_actor_serves_what_the_local_span_serves(cluster, tiny_d
             span.close()
     finally:
         rc.shutdown()
+
+
+def test_peer_start_engine_ray_serves_its_span_from_a_ray_actor(cluster, tiny_dir, tmp_path: Path) -> None:
+    """``peer start --engine ray --serve-model``: the span lives in a Ray actor
+    on the cluster; a generation through it and a plain peer's span gives
+    the tokens of one local process."""
+    from ray.util.state import list_actors
+
+    from fedswarm.tasks.checkpoint import load_block_span, load_client_head
+    from fedswarm.tasks.llama import generate_greedy
+    from fedswarm.tasks.tokenizer import ByteTokenizer
+
+    prompt = "Ray holds my blocks"
+    ref = generate_greedy(load_client_head(tiny_dir), [load_block_span(tiny_dir, 0, 4)],
+                          ByteTokenizer().encode(prompt), 12)
+    with LocalSwarm(1, tmp_path / "plain", extra_args=["--serve-model", str(tiny_dir), "--blocks", "2:4"]) as plain:
+        ray_peer = start_ray_peer(tmp_path, cluster, [plain.peers[0].addr],
+                                  "--serve-model", str(tiny_dir), "--blocks", "0:2")
+        try:
+            actors = [a for a in list_actors(address=cluster.dashboard, limit=1000, raise_on_missing_output=False)
+                      if a.state == "ALIVE" and "span 0:2" in (a.name or "")]
+            assert len(actors) == 1, actors
+            out = tmp_path / "gen.json"
+            r = subprocess.run(
+                [sys.executable, "-m", "fedswarm.cli", "generate", "--bootstrap", plain.peers[0].addr, "--model",
+                 str(tiny_dir), "--prompt", prompt, "--max-new-tokens", "12", "--greedy", "--out", str(out)],
+                capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr[-3000:]
+            got = json.loads(out.read_text())
+            assert got["token_ids"] == ref
+            assert [h["blocks"] for h in got["route"]] == [[0, 2], [2, 4]]
+            assert got["route"][0]["peer"] == ray_peer.peer_id
+            spans = ray_peer.status()["spans"]
+            assert [(s["start"], s["end"]) for s in spans] == [(0, 2)]
+        finally:
+            assert ray_peer.terminate() == 0
