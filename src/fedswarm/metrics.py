@@ -125,8 +125,10 @@ class Telemetry:
     def sample(self) -> None:
         """Record shares and rho now (for the sparklines)."""
         now = self.agent.now()
-        rho = {t: r for t, r in tenant_rho(self.agent.core, now).items()}
-        shares = {t: round(v, 4) for t, v in self.agent.core.ledger.shares(now).items()}
+        core = self.agent.core
+        assert isinstance(core, PeerCore), "telemetry is a serving peer's"
+        rho = {t: r for t, r in tenant_rho(core, now).items()}
+        shares = {t: round(v, 4) for t, v in core.ledger.shares(now).items()}
         self.history.append((round(now, 1), shares, rho))
 
 
@@ -435,6 +437,7 @@ def make_app(agent: Agent, *, llm: Any = None, event_interval_s: float = 1.0, ho
             last_sent = -math.inf
             while True:
                 core = agent.core
+                assert isinstance(core, PeerCore), "the dashboard is a serving peer's"
                 key = (core.view._version, len(core.leases), len(core.outbox), core.stats["shards_run"],
                        len(llm.sessions) if llm is not None else 0, len(telemetry.history))
                 t = time.monotonic()
