@@ -44,11 +44,6 @@ class PeerConfig:
     # refresh and the TTL our state advertises, up to this factor (1: off).
     # A crashed peer leaves every view within state_ttl_s * gossip_quiet_max.
     gossip_quiet_max: int = 1
-    # rumour counting (0: off, the newest states learnt fill the rumour half
-    # of each gossip message): each state learnt is sent as a rumour in at
-    # most this many messages, then gives way to older news (SWIM piggybacks
-    # each update a bounded number of times); docs/netsim.md, gossip convergence
-    gossip_rumour_sends: int = 0
     gossip_probe_rate: float = 0.1  # per round: ask a lost or bootstrap peer for its view
     max_view: int = 1024
     join_pull: int = 255  # view entries asked of each bootstrap peer on start (<= 255)
@@ -88,8 +83,6 @@ class PeerConfig:
             raise ValueError("bad slots / gossip settings")
         if self.gossip_quiet_max < 1:
             raise ValueError("gossip_quiet_max must be >= 1")
-        if self.gossip_rumour_sends < 0:
-            raise ValueError("gossip_rumour_sends must be >= 0")
         if not 0 <= self.join_pull <= 255:
             raise ValueError("join_pull must be in [0, 255]")
 

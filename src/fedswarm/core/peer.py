@@ -205,7 +205,6 @@ class PeerCore(Node):
             federations=config.federations,
         )
         self.config = config
-        self.view.rumour_sends = config.gossip_rumour_sends
         self.leases: dict[LeaseKey, _Lease] = {}
         self.outbox: dict[LeaseKey, _Outbox] = {}
         self.leaving = False

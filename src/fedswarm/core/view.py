@@ -71,12 +71,6 @@ class View:
         self._live_val: list[ViewEntry] = []
         #: peers learnt most recently, newest last (rumour half of gossip)
         self._recent: list[str] = []
-        #: rumour counting (0: off): each state learnt goes out as a rumour in
-        #: at most this many gossip messages, so that news spent gives way to
-        #: older news that newer news had crowded out (SWIM piggybacks each
-        #: update a bounded number of times)
-        self.rumour_sends = 0
-        self._sends: dict[str, int] = {}  # peer -> rumour sends of its newest state
         #: peers whose state expired recently -> when; probed now and then so
         #: that the two sides of a healed partition find each other again
         self.graveyard: OrderedDict[str, float] = OrderedDict()  # oldest first
@@ -121,13 +115,8 @@ class View:
         self._version += 1
         self.graveyard.pop(peer, None)
         self._recent.append(peer)
-        if self.rumour_sends:
-            self._sends[peer] = 0
         if len(self._recent) > 256:
             del self._recent[:128]
-            if self.rumour_sends:
-                keep = set(self._recent)
-                self._sends = {p: n for p, n in self._sends.items() if p in keep}
         return True
 
     def _evict(self, now: float) -> bool:
@@ -267,19 +256,10 @@ class View:
 
         chosen: list[str] = []
         seen: set[str] = set()
-        sends, cap = self._sends, self.rumour_sends
         for p in reversed(self._recent):
             if len(chosen) >= k // 2:
                 break
             if p not in seen and ok(p):
-                if cap:
-                    # the newest rumours that have sends left: one whose
-                    # sends are spent gives its place to older news
-                    n = sends.get(p, cap)
-                    if n >= cap:
-                        seen.add(p)
-                        continue
-                    sends[p] = n + 1
                 chosen.append(p)
             seen.add(p)
         peers = self.peers()
