@@ -73,6 +73,9 @@ def add_api(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--route-timeout", type=float, default=3.0,
                    help="seconds a request waits for a chain of peers before a 503 (default: 3)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's)")
+    from .llm_cli import add_tenant_options
+
+    add_tenant_options(p)
     p.set_defaults(func=_cmd_api)
 
 
@@ -484,7 +487,8 @@ async def run_api(a: argparse.Namespace, *, task_status: Any = trio.TASK_STATUS_
     async with open_swarm_client(a.bootstrap, identity=identity, connect_timeout=a.connect_timeout) as client:
         def make_llm(cm: Any) -> Any:
             return SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), cm.head,
-                            cm.hash, request_timeout=a.request_timeout, route_timeout=a.route_timeout)
+                            cm.hash, request_timeout=a.request_timeout, route_timeout=a.route_timeout,
+                            tenant=a.tenant, weight=a.weight)
 
         state = _State(models, make_llm, a.route_timeout)
         app = build_app(state)

@@ -95,6 +95,30 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect-timeout", type=float, default=15.0,
                    help="seconds to reach the swarm and find a chain of peers (default: 15)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads of the client (default: torch's)")
+    add_tenant_options(p)
+
+
+def tenant_name(text: str) -> str:
+    if not 1 <= len(text) <= 64:
+        raise argparse.ArgumentTypeError(f"a tenant name is 1..64 characters, got {len(text)}")
+    return text
+
+
+def tenant_weight(text: str) -> float:
+    try:
+        w = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < w <= 1000:
+        raise argparse.ArgumentTypeError(f"a weight is in (0, 1000], got {text}")
+    return w
+
+
+def add_tenant_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", type=tenant_name,
+                   help="tenant the sessions are served for: when a serving peer's forwards are full, the tenants "
+                        "with the least usage over weight go first (default: this client's peer id)")
+    p.add_argument("--weight", type=tenant_weight, help="the tenant's weight, in (0, 1000] (default: 1)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, default_max: int = 64) -> None:
@@ -333,7 +357,8 @@ def open_llm(a: argparse.Namespace, model: ClientModel) -> Any:
         t0 = time.perf_counter()
         async with open_swarm_client(a.bootstrap, identity=identity, connect_timeout=a.connect_timeout) as client:
             llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), model.head,
-                           model.hash, request_timeout=a.request_timeout, route_timeout=a.connect_timeout)
+                           model.hash, request_timeout=a.request_timeout, route_timeout=a.connect_timeout,
+                           tenant=a.tenant, weight=a.weight)
             await llm.warm_up()
             yield llm, time.perf_counter() - t0
 

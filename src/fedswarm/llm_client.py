@@ -131,8 +131,21 @@ class SwarmLLM:
         seed: int | None = None,
         max_step_batch: int = 32,
         cohort_wait: float = 0.5,
+        tenant: str | None = None,
+        weight: float | None = None,
     ) -> None:
         self.transport = transport
+        # sent with forward and step requests: whom the serving peers' fair
+        # session order counts these sessions for (default: our peer id, weight 1)
+        self.tenant_fields: dict[str, Any] = {}
+        if tenant is not None:
+            if not 1 <= len(tenant) <= 64:
+                raise InputError(f"a tenant name is 1..64 characters, got {len(tenant)}")
+            self.tenant_fields["tenant"] = tenant
+        if weight is not None:
+            if not 0 < weight <= 1000:
+                raise InputError(f"a tenant's weight is in (0, 1000], got {weight}")
+            self.tenant_fields["weight"] = float(weight)
         self.view = view
         self.head = head
         self.model_hash = model_hash
@@ -294,7 +307,7 @@ class SwarmLLM:
             "v": WIRE_VERSION, "op": "step", "model": self.model_hash, "span": [hop.start, hop.end],
             "sessions": [it.sess.id for it in batch], "pos": [it.hs.pos for it in batch],
             "max_length": [it.sess.max_length for it in batch],
-            "hidden": pack_tensor(torch.cat([it.x for it in batch])),
+            "hidden": pack_tensor(torch.cat([it.x for it in batch])), **self.tenant_fields,
         }
         t0 = time.perf_counter()
         try:
@@ -774,6 +787,7 @@ class InferenceSession:
         msg = {
             "v": WIRE_VERSION, "op": "forward", "model": llm.model_hash, "span": [hs.hop.start, hs.hop.end],
             "session": self.id, "pos": hs.pos, "max_length": self.max_length, "hidden": pack_tensor(chunk),
+            **llm.tenant_fields,
         }
         t0 = time.perf_counter()
         resp = await llm._request(peer, msg, timeout=llm.request_timeout * max(1, len(chunk) // 64 + 1))

@@ -28,6 +28,10 @@ Requests (``"v": 1`` in all):
   ``pos-mismatch``), and the client retries those steps one ``forward`` each.
   Sessions must already exist and appear once. Answer: ``{"ok": true,
   "hidden": TENSOR(N, hidden_size), "length": [P1+1, ..]}``.
+* ``forward`` and ``step`` may carry ``"tenant": NAME`` and ``"weight": W``:
+  when more steps wait than one forward takes, a serving peer takes those of
+  the tenants with the least usage (its ledger, as for batch shards) over
+  weight first. Without them the tenant is the sender, weight 1.
 * ``{"op": "close", "model": HASH, "session": <16 bytes>}`` frees a session.
 * ``{"op": "info"}``: model hash, span, limits and counters.
 
@@ -51,7 +55,7 @@ from .tasks.llama import DTYPES
 
 __all__ = [
     "PROTOCOL", "WIRE_VERSION", "SESSION_ID_BYTES", "MAX_FRAME", "WIRE_DTYPES", "ERROR_CODES", "OP_KEYS",
-    "WireError", "encode", "decode", "pack_tensor", "unpack_tensor", "get_field", "elem_bytes",
+    "OPTIONAL_KEYS", "tenant_of", "WireError", "encode", "decode", "pack_tensor", "unpack_tensor", "get_field", "elem_bytes",
 ]
 
 PROTOCOL = "/fedswarm/llm/1.0.0"
@@ -149,3 +153,20 @@ OP_KEYS = {
     "close": {"v", "op", "model", "session"},
     "info": {"v", "op"},
 }
+#: keys an op may carry: ``tenant`` (1..64 characters; default: the sender)
+#: and its ``weight`` (0 < w <= 1000; default 1) order queued steps when a
+#: serving peer's forwards are full (fair sessions)
+OPTIONAL_KEYS = {"forward": {"tenant", "weight"}, "step": {"tenant", "weight"}}
+MAX_TENANT = 64
+MAX_WEIGHT = 1000.0
+
+
+def tenant_of(msg: dict[str, Any], sender: str) -> tuple[str, float]:
+    """The request's (tenant, weight), checked; the sender and 1 by default."""
+    tenant = msg.get("tenant", sender)
+    if type(tenant) is not str or not 1 <= len(tenant) <= (MAX_TENANT if "tenant" in msg else 1 << 10):
+        raise WireError("bad-request", f"'tenant' must be 1..{MAX_TENANT} characters")
+    weight = msg.get("weight", 1.0)
+    if type(weight) not in (int, float) or not 0 < weight <= MAX_WEIGHT:
+        raise WireError("bad-request", f"'weight' must be a number in (0, {MAX_WEIGHT:g}]")
+    return tenant, float(weight)

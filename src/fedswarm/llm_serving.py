@@ -63,6 +63,7 @@ from .core.spans import (
 from .llm_protocol import (
     MAX_FRAME,
     OP_KEYS,
+    OPTIONAL_KEYS,
     PROTOCOL,
     SESSION_ID_BYTES,
     WIRE_VERSION,
@@ -71,6 +72,7 @@ from .llm_protocol import (
     elem_bytes,
     encode,
     get_field,
+    tenant_of,
     pack_tensor,
     unpack_tensor,
 )
@@ -111,6 +113,8 @@ class _Item:
     result: bytes | None = None
     error: str | None = None
     batch: int = 0  # sessions in the forward that computed it
+    tenant: str = ""
+    weight: float = 1.0
 
 
 def _bytes_per_pos(span: LlamaBlockSpan) -> int:
@@ -163,6 +167,18 @@ class BlockServer:
         #: called as ``fn(tokens, seconds, batch)`` after each forward
         #: request is answered (metrics: per-hop and per-token latency)
         self.observers: list[Callable[[int, float, int], None]] = []
+        #: ``fn(tenant, seconds)``: a forward's compute time, charged to the
+        #: tenants of its rows (see ``use_ledger``)
+        self.charge: Callable[[str, float], None] | None = None
+
+    def use_ledger(self, ledger: Any, peer_id: str, now: Callable[[], float]) -> None:
+        """Fair sessions: charge each forward's compute seconds to its rows'
+        tenants in ``ledger`` (the peer's tenant ledger, gossiped with its
+        state, the one batch shards are charged to) and take queued steps in
+        the order of the tenants' shares of it (lowest share over weight
+        first) when they do not fit one forward."""
+        self.charge = lambda tenant, seconds: ledger.add(peer_id, tenant, seconds, now())
+        self.core.share = lambda tenant: ledger.shares(now()).get(tenant, 0.0)
 
     # -- public ------------------------------------------------------------
     @property
@@ -270,7 +286,7 @@ class BlockServer:
         op = msg.get("op")
         if op not in OP_KEYS:
             raise WireError("bad-request", f"unknown op {op!r}")
-        extra = set(msg) - OP_KEYS[op]
+        extra = set(msg) - OP_KEYS[op] - OPTIONAL_KEYS.get(op, set())
         missing = OP_KEYS[op] - set(msg)
         if extra or missing:
             raise WireError("bad-request", f"bad keys for {op}: extra {sorted(extra)} missing {sorted(missing)}")
@@ -320,6 +336,7 @@ class BlockServer:
         span = self._span_of(msg)
         pos = get_field(msg, "pos", int, lo=0, hi=1 << 24)
         max_length = get_field(msg, "max_length", int, lo=1, hi=1 << 24)
+        tenant, weight = tenant_of(msg, sender)  # checked before any session is admitted
         hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
         if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
             raise WireError("bad-request", f"hidden must be (tokens, {self.hidden_size})")
@@ -340,7 +357,7 @@ class BlockServer:
                 return {"ok": False, "error": "pos-mismatch", "detail": r.detail, "length": r.length}
             raise WireError(r.code, r.detail)
         s.cache.truncate(pos)  # a no-op unless the client is retrying a step
-        item = _Item(adm.key, s, hidden.to(self.span.dtype))
+        item = _Item(adm.key, s, hidden.to(self.span.dtype), tenant=tenant, weight=weight)
         t0 = await self._compute_items([item], [t])
         self.stats.tokens += t
         self._answered(t, t0, item.batch)
@@ -360,6 +377,7 @@ class BlockServer:
             raise WireError("bad-request", "sessions, pos and max_length differ in length")
         if len(set(sids)) != n:
             raise WireError("bad-request", "a session appears twice in one step")
+        tenant, weight = tenant_of(msg, sender)
         hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
         if tuple(hidden.shape) != (n, self.hidden_size):
             raise WireError("bad-request", f"hidden must be ({n}, {self.hidden_size})")
@@ -381,7 +399,7 @@ class BlockServer:
         items = []
         for i, (s, sid, pos) in enumerate(zip(sessions, sids, poss)):
             s.cache.truncate(pos)
-            items.append(_Item((sender, sid, *span), s, hidden[i : i + 1]))
+            items.append(_Item((sender, sid, *span), s, hidden[i : i + 1], tenant=tenant, weight=weight))
         t0 = await self._compute_items(items, [1] * n)
         self.stats.tokens += n
         self.stats.step_requests += 1
@@ -396,7 +414,7 @@ class BlockServer:
         picks)."""
         core = self.core
         for it in items:
-            core.enqueue(it, it.key, it.hidden.shape[0])
+            core.enqueue(it, it.key, it.hidden.shape[0], tenant=it.tenant, weight=it.weight)
         try:
             while any(it.result is None and it.error is None for it in items):
                 if core.running:
@@ -405,7 +423,10 @@ class BlockServer:
                 batch: list[_Item] = core.take_batch()
                 try:
                     block = self._blocks.get(batch[0].key[2:])
-                    await trio.to_thread.run_sync(self._compute, block, batch)
+                    took = await trio.to_thread.run_sync(self._compute, block, batch)
+                    if self.charge is not None and took:
+                        for it in batch:  # each row's part of the forward, to its tenant
+                            self.charge(it.tenant or it.key[0], took / len(batch))
                 finally:
                     core.batch_done()
                     ev, self._changed = self._changed, trio.Event()
@@ -414,8 +435,9 @@ class BlockServer:
             for it in items:
                 core.cancel(it)  # cancelled while queued
 
-    def _compute(self, block: LlamaBlockSpan | None, batch: list[_Item]) -> None:
-        """Worker thread: one forward for the whole batch; fills each item."""
+    def _compute(self, block: LlamaBlockSpan | None, batch: list[_Item]) -> float:
+        """Worker thread: one forward for the whole batch; fills each item.
+        Returns the seconds it took (0 when nothing ran)."""
         t0 = time.perf_counter()
         live = [it for it in batch if not it.session.closed]
         for it in batch:
@@ -424,7 +446,7 @@ class BlockServer:
         if not live or block is None:
             for it in live:
                 it.error = "span dropped"
-            return
+            return 0.0
         try:
             x = torch.stack([it.hidden for it in live])
             with torch.inference_mode():
@@ -437,7 +459,7 @@ class BlockServer:
             log.exception("span forward failed")
             for it in live:
                 it.error = type(exc).__name__
-            return
+            return 0.0
         finally:
             self.stats.compute_s += time.perf_counter() - t0
         n = len(live)
@@ -446,6 +468,7 @@ class BlockServer:
         if n > 1:
             self.stats.batched_steps += n
         self.stats.max_batch = max(self.stats.max_batch, n)
+        return time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------- spans
@@ -637,6 +660,8 @@ async def start_block_server(
     server = BlockServer(span, mhash, limits=limits, self_id=core.id, policy=policy if placing else None,
                          throughput=thr)
     server.model_name = Path(str(model_dir)).name  # what the dashboard calls it
+    if getattr(core, "ledger", None) is not None:
+        server.use_ledger(core.ledger, core.id, now)
     transport.set_request_handler(PROTOCOL, server.handle)
     core.set_spans((Span(mhash, start, end, thr),))
     if placing:

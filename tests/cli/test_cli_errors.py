@@ -73,6 +73,10 @@ CASES = [
     ("status-port-range", "status --metrics-port 99999", 2, r"out of range", []),
     ("status-not-http", "status --url ftp://x/status", 2, r"not an http\(s\) URL", []),
     ("status-unreachable", "status --metrics-port {closed}", 1, r"cannot reach http://127.0.0.1:\d+/status", []),
+    ("generate-weight-zero", f"generate --bootstrap /ip4/127.0.0.1/tcp/1/p2p/{DEAD_ID} --model tiny-llama --prompt hi "
+     "--weight 0", 2, r"--weight: a weight is in \(0, 1000\], got 0", []),
+    ("api-tenant-too-long", f"api --bootstrap /ip4/127.0.0.1/tcp/1/p2p/{DEAD_ID} --tenant {'x' * 65}", 2,
+     r"--tenant: a tenant name is 1..64 characters, got 65", []),
 ]
 
 

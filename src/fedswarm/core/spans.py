@@ -43,7 +43,7 @@ patience_s`` (it did not move: a static peer, a failed load).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,6 +221,9 @@ class _Queued:
     item: Any
     key: SessionKey
     tokens: int
+    tenant: str = ""
+    weight: float = 1.0
+    seq: int = 0
 
 
 # -- scoring ------------------------------------------------------------------
@@ -338,7 +341,11 @@ class ServingCore:
         self.span_changes = 0
         self.sessions_dropped = 0  # still open when their span was dropped
         self._pending: list[_Queued] = []
+        self._seq = 0
         self.running = False  # a forward is computing
+        #: tenant -> its share of the decayed usage (the peer's ledger, the
+        #: same as batch shards'); None: queued steps go first come, first served
+        self.share: Callable[[str], float] | None = None
         # placement
         self.loading: SpanRange | None = None
         self.load_s = 0.0  # how long our last span load took
@@ -452,9 +459,11 @@ class ServingCore:
         return len(dead)
 
     # -- batching -----------------------------------------------------------------
-    def enqueue(self, item: Any, key: SessionKey, tokens: int) -> None:
-        """A step waits for a forward (``item``: the runtime's handle)."""
-        self._pending.append(_Queued(item, key, tokens))
+    def enqueue(self, item: Any, key: SessionKey, tokens: int, *, tenant: str = "", weight: float = 1.0) -> None:
+        """A step waits for a forward (``item``: the runtime's handle) on
+        behalf of ``tenant`` (its weight ``weight``)."""
+        self._seq += 1
+        self._pending.append(_Queued(item, key, tokens, tenant or key[0], weight, self._seq))
 
     def cancel(self, item: Any) -> None:
         """A queued step whose caller went away (no-op once it was taken)."""
@@ -466,6 +475,12 @@ class ServingCore:
         positions). Empty while a forward runs; ``batch_done`` ends it."""
         if self.running or not self._pending:
             return []
+        if self.share is not None and len(self._pending) > 1:
+            # fair sessions: when more steps wait than one forward takes, the
+            # tenants with the least usage over weight go first (a tenant over
+            # its share waits; it is not refused), then arrival order
+            share = self.share
+            self._pending.sort(key=lambda q: (share(q.tenant) / q.weight, q.seq))
         first = self._pending[0]
         t, span = first.tokens, first.key[2:]
         batch: list[Any] = []
