@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 # ~0.15 s per shard on one core: 40 shards keep two peers busy for seconds
 JOB = ["--kind", "tensor-map", "--seed", "7", "--size", "512", "--iters", "10"]
-N_LONG = 150  # shards: a job the interrupt and timeout tests stop (SIGSTOP) before it can finish
+N_LONG = 150  # shards: a job the timeout test stops (SIGSTOP) before it can finish
+N_INT = 600  # shards: a job that is still running when the interrupt test's Ctrl-C arrives
 PARAMS = {"seed": 7, "size": 512, "iters": 10}
 CPU = str(REPO / "peers" / "cpu-laptop.toml")
 
@@ -105,19 +106,19 @@ def test_submit_writes_sorted_results_and_a_json_summary(swarm: LocalSwarm, tmp_
 
 
 def test_ctrl_c_keeps_the_shards_received(swarm: LocalSwarm, tmp_path: Path) -> None:
-    """Ctrl-C right after a first result of a 150-shard job (~10 s here; 40
-    quick shards once finished before the SIGINT arrived)."""
+    """Ctrl-C right after a first result of a 600-shard job (about 35 s here;
+    jobs of 40 and 150 quick shards once finished before the SIGINT took)."""
     out = tmp_path / "int.jsonl"
-    p = submit(swarm, out, N_LONG)
+    p = submit(swarm, out, N_INT)
     wait_until(lambda: len(rows(out)) >= 1 or p.poll() is not None, 120, "the first result in the file")
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=60)
     got = rows(out)
     line = error_line(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr), 130,
-                      rf"interrupted: (\d+) of {N_LONG} shards received, (\d+) missing", only_line=False)
-    n = int(re.search(rf"(\d+) of {N_LONG} shards received", line).group(1))
-    assert n == len(got) >= 1 and n < N_LONG
-    assert f"{N_LONG - n} missing" in line
+                      rf"interrupted: (\d+) of {N_INT} shards received, (\d+) missing", only_line=False)
+    n = int(re.search(rf"(\d+) of {N_INT} shards received", line).group(1))
+    assert n == len(got) >= 1 and n < N_INT
+    assert f"{N_INT - n} missing" in line
     check_against_local(got)
 
 
