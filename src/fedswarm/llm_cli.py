@@ -99,18 +99,24 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def tenant_name(text: str) -> str:
-    if not 1 <= len(text) <= 64:
-        raise argparse.ArgumentTypeError(f"a tenant name is 1..64 characters, got {len(text)}")
+    from .core.spans import tenant_problem  # torch-free: a mistake fails before the heavy imports
+
+    problem = tenant_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
 def tenant_weight(text: str) -> float:
+    from .core.spans import weight_problem
+
     try:
         w = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < w <= 1000:
-        raise argparse.ArgumentTypeError(f"a weight is in (0, 1000], got {text}")
+    problem = weight_problem(w)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return w
 
 

@@ -49,6 +49,7 @@ from .core.llm_route import (
     find_route,
     live_spans,
 )
+from .core.spans import tenant_problem, weight_problem
 from .errors import FederationError, InputError, TransportError
 from .llm_protocol import PROTOCOL, SESSION_ID_BYTES, WIRE_VERSION, WireError, decode, encode, pack_tensor, unpack_tensor
 from .tasks.llama import LlamaClientHead
@@ -139,12 +140,14 @@ class SwarmLLM:
         # session order counts these sessions for (default: our peer id, weight 1)
         self.tenant_fields: dict[str, Any] = {}
         if tenant is not None:
-            if not 1 <= len(tenant) <= 64:
-                raise InputError(f"a tenant name is 1..64 characters, got {len(tenant)}")
+            problem = tenant_problem(tenant)
+            if problem:
+                raise InputError(problem)
             self.tenant_fields["tenant"] = tenant
         if weight is not None:
-            if not 0 < weight <= 1000:
-                raise InputError(f"a tenant's weight is in (0, 1000], got {weight}")
+            problem = weight_problem(weight)
+            if problem:
+                raise InputError(problem)
             self.tenant_fields["weight"] = float(weight)
         self.view = view
         self.head = head

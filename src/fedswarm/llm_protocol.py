@@ -50,6 +50,7 @@ from typing import Any
 import msgpack
 import torch
 
+from .core.spans import tenant_problem, weight_problem
 from .errors import RemoteProtocolError
 from .tasks.llama import DTYPES
 
@@ -157,16 +158,15 @@ OP_KEYS = {
 #: and its ``weight`` (0 < w <= 1000; default 1) order queued steps when a
 #: serving peer's forwards are full (fair sessions)
 OPTIONAL_KEYS = {"forward": {"tenant", "weight"}, "step": {"tenant", "weight"}}
-MAX_TENANT = 64
-MAX_WEIGHT = 1000.0
-
-
 def tenant_of(msg: dict[str, Any], sender: str) -> tuple[str, float]:
     """The request's (tenant, weight), checked; the sender and 1 by default."""
     tenant = msg.get("tenant", sender)
-    if type(tenant) is not str or not 1 <= len(tenant) <= (MAX_TENANT if "tenant" in msg else 1 << 10):
-        raise WireError("bad-request", f"'tenant' must be 1..{MAX_TENANT} characters")
+    if "tenant" in msg:
+        problem = "must be a string" if type(tenant) is not str else tenant_problem(tenant)
+        if problem:
+            raise WireError("bad-request", f"'tenant': {problem}")
     weight = msg.get("weight", 1.0)
-    if type(weight) not in (int, float) or not 0 < weight <= MAX_WEIGHT:
-        raise WireError("bad-request", f"'weight' must be a number in (0, {MAX_WEIGHT:g}]")
+    problem = "must be a number" if type(weight) not in (int, float) else weight_problem(weight)
+    if problem:
+        raise WireError("bad-request", f"'weight': {problem}")
     return tenant, float(weight)

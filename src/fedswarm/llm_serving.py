@@ -260,15 +260,17 @@ class BlockServer:
         return self.core.expire(self.clock() if now is None else now)
 
     # -- internals -----------------------------------------------------------
-    def _error(self, code: str, detail: str = "", **extra: Any) -> bytes:
+    def _count_error(self, code: str) -> None:
         self.stats.errors += 1
         self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
+
+    def _error(self, code: str, detail: str = "", **extra: Any) -> bytes:
+        self._count_error(code)
         return encode({"ok": False, "error": code, "detail": detail[:300], **extra})
 
     def _refuse(self, code: str, index: int, detail: str, **extra: Any) -> dict[str, Any]:
         """A ``step`` refused because of its ``index``-th session (counted as an error)."""
-        self.stats.errors += 1
-        self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
+        self._count_error(code)
         return {"ok": False, "error": code, "index": index, "detail": detail, **extra}
 
     def _free(self, key: SessionKey) -> None:

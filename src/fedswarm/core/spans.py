@@ -48,6 +48,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "MAX_TENANT",
+    "MAX_WEIGHT",
+    "tenant_problem",
+    "weight_problem",
     "ServerLimits",
     "ServerStats",
     "PlacementPolicy",
@@ -72,6 +76,20 @@ __all__ = [
 
 #: (sender, session id, span start, span end)
 SessionKey = tuple[str, bytes, int, int]
+
+#: fair sessions: a tenant's name and weight (see ``ServingCore.take_batch``)
+MAX_TENANT = 64
+MAX_WEIGHT = 1000.0
+
+
+def tenant_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a tenant's name, or None."""
+    return None if 1 <= len(name) <= MAX_TENANT else f"a tenant name is 1..{MAX_TENANT} characters, got {len(name)}"
+
+
+def weight_problem(weight: float) -> str | None:
+    """Why ``weight`` cannot be a tenant's weight, or None."""
+    return None if 0 < weight <= MAX_WEIGHT else f"a weight is in (0, {MAX_WEIGHT:g}], got {weight:g}"
 SpanRange = tuple[int, int]
 
 
