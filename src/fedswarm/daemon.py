@@ -37,6 +37,7 @@ import trio
 from .core.events import RunShard, SetLevel, ShardFinished
 from .core.identity import Identity, load_or_create_key
 from .core.peer import PeerCore
+from .core.runs import Runs, run_key
 from .core.wire import unpack_params
 from .errors import FederationError, InputError
 from .net.quiet import quiet_libraries
@@ -285,39 +286,33 @@ class ExecutorRunner:
         self.executor = executor
         self.core = core
         self.clock = clock
-        #: running shard -> [level, since, joules so far at earlier levels]
-        self._levels: dict[tuple[str, str, int, int], list[float]] = {}
+        #: the running shards' levels and joules at earlier levels
+        self.runs = Runs(lambda level: self.core.config.power.power(level), per_gpu=False)
 
     def _apply(self) -> None:
-        want = max((v[0] for v in self._levels.values()), default=1.0)
+        want = self.runs.max_level()
         if want != getattr(self.executor, "level", 1.0):
             self.executor.set_level(want)
         # the draw the peer gossips: the power model at the running level, idle when nothing runs
         pm = self.core.config.power
-        self.core.set_power(pm.power(want) if self._levels else pm.idle_w)
+        self.core.set_power(pm.power(want) if self.runs else pm.idle_w)
 
     def set_level(self, eff: SetLevel) -> None:
-        cur = self._levels.get((eff.tenant, eff.job_id, eff.shard, eff.attempt))
-        if cur is None:
-            return
-        now = self.clock()
-        cur[2] += self.core.config.power.power(cur[0]) * (now - cur[1])
-        cur[0], cur[1] = eff.level, now
-        self._apply()
+        if self.runs.set_level(self.clock(), eff) is not None:
+            self._apply()
 
     async def run_shard(self, eff: RunShard) -> ShardFinished:
         params = unpack_params(eff.params)  # strict limits; never pickle
-        key = (eff.tenant, eff.job_id, eff.shard, eff.attempt)
-        self._levels[key] = [eff.level, self.clock(), 0.0]
+        self.runs.start(self.clock(), eff)
         self._apply()
         try:
             res = await self.executor.run(eff.task, params, eff.shard)
         finally:
-            level, since, earlier = self._levels.pop(key)
+            ended = self.runs.end(self.clock(), run_key(eff))
             self._apply()
         energy = res.energy_joules
         if energy is None:
-            energy = earlier + self.core.config.power.power(level) * max(self.clock() - since, 0.0)
+            energy = ended.energy_j if ended is not None else 0.0
         thr = self.executor.throughput().get(eff.task)
         if thr:
             self.core.set_throughput(eff.task, thr)

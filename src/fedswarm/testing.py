@@ -16,7 +16,6 @@ with a network model, churn and workloads::
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from fedswarm.core.events import (
 from fedswarm.core.identity import Identity
 from fedswarm.core.membership import issue_membership
 from fedswarm.core.peer import PeerCore
+from fedswarm.core.runs import Ended, Runs, run_key
 from fedswarm.core.wire import VerifyCache
 
 
@@ -87,8 +87,10 @@ class MiniSwarm:
         self.dead: set[str] = set()
         self.delivered: list[ShardDelivered] = []
         self.finished: dict[str, JobFinished] = {}
-        self.running: dict[tuple, int] = {}
-        self.runs: dict[tuple, tuple[float, RunShard]] = {}  # key -> (start, the run as last set)
+        #: peer id -> the shards running there (``core.runs``)
+        self.runs: dict[str, Runs] = {pid: Runs() for pid in self.peers}
+        #: every run that ended (finished, cancelled, replaced), by peer, in order
+        self.ended: list[tuple[str, Ended]] = []
         self.bytes_sent = 0
         self.msgs_sent = 0
         self.executions = 0  # shard runs that finished
@@ -148,22 +150,21 @@ class MiniSwarm:
                     if pid != src:
                         self._push(self.now + self.latency, ("msg", src, pid, e.data))
             elif isinstance(e, RunShard):
-                key = (src, e.tenant, e.job_id, e.shard, e.attempt)
-                self.running[key] = self.running.get(key, 0) + 1
-                self.runs[key] = (self.now, e)
-                self._push(self.now + e.run_s * self.slow_ids.get(src, 1.0), ("fin", src, e, self.running[key]))
+                runs = self.runs[src]
+                old = runs.start(self.now, e)
+                if old is not None:
+                    self.ended.append((src, old))
+                run = runs.get(run_key(e))
+                assert run is not None
+                self._push(self.now + e.run_s * self.slow_ids.get(src, 1.0), ("fin", src, run.key, run.gen))
             elif isinstance(e, SetLevel):
-                key = (src, e.tenant, e.job_id, e.shard, e.attempt)
-                run = self.runs.get(key)
+                run = self.runs[src].set_level(self.now, e)
                 if run is not None:  # the new run time counts from the run's start
-                    began, old = run
-                    left = max(e.run_s - (self.now - began), 0.0)
-                    self.runs[key] = (began, dataclasses.replace(old, level=e.level, run_s=e.run_s))
-                    self.running[key] = self.running.get(key, 0) + 1
-                    self._push(self.now + left * self.slow_ids.get(src, 1.0), ("fin", src, self.runs[key][1], self.running[key]))
+                    self._push(self.now + run.left(self.now) * self.slow_ids.get(src, 1.0), ("fin", src, run.key, run.gen))
             elif isinstance(e, CancelShard):
-                key = (src, e.tenant, e.job_id, e.shard, e.attempt)
-                self.running[key] = self.running.get(key, 0) + 1  # invalidates the pending finish
+                ended = self.runs[src].end(self.now, run_key(e))  # its pending finish is void
+                if ended is not None:
+                    self.ended.append((src, ended))
             elif isinstance(e, ShardDelivered):
                 self.delivered.append(e)
             elif isinstance(e, JobFinished):
@@ -188,10 +189,13 @@ class MiniSwarm:
                         continue
                     self._perform(dst, node.handle(self.now, MessageReceived(src, data)))
                 else:
-                    _, pid, e, gen = act
-                    key = (pid, e.tenant, e.job_id, e.shard, e.attempt)
-                    if pid in self.dead or self.running.get(key) != gen:
+                    _, pid, key, gen = act
+                    if pid in self.dead or not self.runs[pid].is_current(key, gen):
                         continue
+                    done = self.runs[pid].end(self.now, key)
+                    assert done is not None
+                    self.ended.append((pid, done))
+                    e = done.effect
                     result = b"r%d" % e.shard
                     self.executions += 1
                     if self.rng.random() < self.liar_ids.get(pid, 0.0):

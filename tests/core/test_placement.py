@@ -348,7 +348,7 @@ def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_ne
     s.step_until(s.now + 3)
     assert _levels(s, late) == {0.6}  # chosen at award time: 19 s wait + 16.7 s fits 0.8 x 55 s
     s.step_until(s.now + 200, stop=lambda: late in s.finished)
-    ((_, run),) = [v for k, v in s.runs.items() if k[2] == late]
+    (run,) = [ended.effect for _, ended in s.ended if ended.key[1] == late]
     assert run.level == 1.0
 
 

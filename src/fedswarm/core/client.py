@@ -63,7 +63,8 @@ import math
 import random
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
@@ -285,6 +286,12 @@ class ClientCore(Node):
 
     # ------------------------------------------------------------------
     # public API
+
+    @property
+    def suspects(self) -> Mapping[str, float]:
+        """Peers this client skips for now (a lease of theirs lapsed): peer
+        id -> until when (read only)."""
+        return MappingProxyType(self._suspect)
 
     def start(self, now: float) -> list[Effect]:
         self._next_gossip = now + self.config.gossip_interval_s

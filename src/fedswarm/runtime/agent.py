@@ -40,6 +40,7 @@ from ..core.events import (
     ShardFinished,
 )
 from ..core.peer import PeerCore
+from ..core.runs import RunKey, run_key
 from ..errors import TransportError
 from .ports import Transport
 
@@ -112,7 +113,8 @@ class Agent:
         self._wake = trio.Event()
         self._progress = trio.Event()
         self._send_limiter = trio.CapacityLimiter(max_concurrent_sends)
-        self._running: dict[tuple[str, str, int, int], trio.CancelScope] = {}
+        #: the cancel scope of each shard running here (by ``core.runs.run_key``)
+        self._running: dict[RunKey, trio.CancelScope] = {}
         self._addr_seq: dict[str, int] = {}
         self._sends_in_flight = 0
         self._nursery: trio.Nursery | None = None
@@ -236,7 +238,7 @@ class Agent:
             elif isinstance(e, RunShard):
                 nursery.start_soon(self._run_shard, e)
             elif isinstance(e, CancelShard):
-                scope = self._running.pop((e.tenant, e.job_id, e.shard, e.attempt), None)
+                scope = self._running.pop(run_key(e), None)
                 if scope is not None:
                     scope.cancel()
             elif isinstance(e, SetLevel):
@@ -280,7 +282,7 @@ class Agent:
             log.debug("publish failed: %s", exc)
 
     async def _run_shard(self, eff: RunShard) -> None:
-        key = (eff.tenant, eff.job_id, eff.shard, eff.attempt)
+        key = run_key(eff)
         with trio.CancelScope() as scope:
             self._running[key] = scope
             try:

@@ -84,6 +84,7 @@ import msgpack
 import trio
 
 from ..core.events import RunShard, SetLevel, ShardFinished
+from ..core.runs import Runs, run_key
 from ..core.wire import Device, unpack_params
 from ..errors import InputError
 
@@ -488,8 +489,8 @@ class RayRunner:
         self._held = 0.0
         self._lower_seen = 0  # consecutive reads below the advertised slots
         self._limiter = trio.CapacityLimiter(4096)
-        #: running shard -> [level, since, joules at earlier levels]
-        self._levels: dict[tuple[str, str, int, int], list[float]] = {}
+        #: the running shards' levels and joules at earlier levels (per device)
+        self.runs = Runs(lambda level: self.core.config.power.power(level), per_gpu=False)
         #: chain job -> shards waiting or running here
         self._chain: dict[tuple[str, str], set[int]] = {}
         self._chain_changed = trio.Event()
@@ -555,12 +556,7 @@ class RayRunner:
 
     # -- levels (modelled: Ray workers cannot lock clocks)
     def set_level(self, eff: SetLevel) -> None:
-        cur = self._levels.get((eff.tenant, eff.job_id, eff.shard, eff.attempt))
-        if cur is None:
-            return
-        now = self.clock()
-        cur[2] += self.core.config.power.power(cur[0]) * (now - cur[1])
-        cur[0], cur[1] = eff.level, now
+        self.runs.set_level(self.clock(), eff)
 
     # -- shards
     def _resources(self, need: int) -> dict[str, float]:
@@ -658,14 +654,14 @@ class RayRunner:
         from ray import exceptions as rx
 
         params = unpack_params(eff.params)  # strict limits; never pickle
-        key = (eff.tenant, eff.job_id, eff.shard, eff.attempt)
+        key = run_key(eff)
         need = max(eff.gpus, 1)
         lease = self.core.leases.get(key)
         chain = (eff.tenant, eff.job_id) if lease is not None and lease.job.chain else None
         try:
             if chain is not None:
                 await self._chain_turn(chain, eff.shard)
-            self._levels[key] = [eff.level, self.clock(), 0.0]
+            self.runs.start(self.clock(), eff)
             t0 = self.clock()
             out: dict | None = None
             for attempt in range(2):
@@ -696,13 +692,13 @@ class RayRunner:
             assert out is not None
             elapsed = self.clock() - t0
         finally:
-            level, since, earlier = self._levels.pop(key, [eff.level, self.clock(), 0.0])
+            ended = self.runs.end(self.clock(), key)
             if chain is not None:
                 self._chain_done(chain, eff.shard)
         wall = float(out["wall_s"])
         energy = out.get("energy_j")
-        if energy is None:
-            energy = (earlier + self.core.config.power.power(level) * max(self.clock() - since, 0.0)) * need
+        if energy is None:  # the power model at each level for the time spent at it, on each device
+            energy = (ended.energy_j if ended is not None else 0.0) * need
         ref_s = float(out.get("ref_seconds", 0.0))
         if ref_s > 0 and wall > 0:
             old = self.core.throughput.get(eff.task)
