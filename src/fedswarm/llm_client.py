@@ -19,6 +19,17 @@ blocks (or for everything from there on), replays the stored inputs into the
 new peers' fresh sessions -- which rebuilds their KV caches -- and goes on.
 Replayed positions produce exactly the hidden states the dead peer would have
 produced, so the generated tokens do not change.
+
+Forwarding (``forward=True``, with the client's ``identity``): a decode step
+of a lone session travels peer to peer. The client signs the chain as a
+delegation (``llm_protocol.sign_delegation``), sends the first hop a
+``forward`` carrying it, and each hop sends its output straight to the next
+and to the client (``OUT_PROTOCOL``). The outputs that arrive stand in for
+the answers the client would have fetched hop by hop (``StepPlan`` walks the
+chain as before and takes them), so the per-boundary history, spot checks
+and recovery are unchanged: from the first hop whose output did not come
+(a hop down, a refusal, a timeout) the client drives the chain itself and
+replays what a replacement needs.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import math
 import os
 import random
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,8 +62,23 @@ from .core.llm_route import (
     live_spans,
 )
 from .core.spans import tenant_problem, weight_problem
+from .core.identity import Identity
 from .errors import FederationError, InputError, TransportError
-from .llm_protocol import PROTOCOL, SESSION_ID_BYTES, WIRE_VERSION, WireError, decode, encode, pack_tensor, unpack_tensor
+from .llm_protocol import (
+    OP_KEYS,
+    OPTIONAL_KEYS,
+    OUT_PROTOCOL,
+    PROTOCOL,
+    SESSION_ID_BYTES,
+    WIRE_VERSION,
+    Delegation,
+    WireError,
+    decode,
+    encode,
+    pack_tensor,
+    sign_delegation,
+    unpack_tensor,
+)
 from .tasks.llama import LlamaClientHead
 from .tasks.sampling import Sampler, SamplingParams, StopMatcher
 
@@ -134,8 +161,18 @@ class SwarmLLM:
         cohort_wait: float = 0.5,
         tenant: str | None = None,
         weight: float | None = None,
+        identity: Identity | None = None,
+        forward: bool = True,
+        delegation_ttl: float = 600.0,
     ) -> None:
         self.transport = transport
+        # server-to-server forwarding of a lone session's decode steps (needs
+        # our key, to sign the route; see the module docstring)
+        self.identity = identity
+        self.forward = forward and identity is not None
+        self.delegation_ttl = delegation_ttl
+        self.forward_stats = {"steps": 0, "complete": 0, "fallbacks": 0, "refused": 0}
+        self._inbox = _inbox_of(transport) if self.forward else None
         # sent with forward and step requests: whom the serving peers' fair
         # session order counts these sessions for (default: our peer id, weight 1)
         self.tenant_fields: dict[str, Any] = {}
@@ -598,6 +635,8 @@ class InferenceSession:
         # hidden states entering each block boundary, positions [0, length)
         self.hist: dict[int, torch.Tensor] = {}
         self.recoveries: list[dict[str, Any]] = []
+        self._delegation: Delegation | None = None  # the signed route of our forwarded steps
+        self._forward_off_until = 0.0  # a first hop refused our route: drive hops ourselves until then
 
     @property
     def hops(self) -> list[HopState]:
@@ -657,6 +696,10 @@ class InferenceSession:
         self.hist[0] = torch.cat([self.hist[0][:n], emb]) if n else emb
         plan = StepPlan(self.chain, llm.book, llm.hops, n, n + t, max_chunk=llm.max_chunk)
         outs: list[torch.Tensor] = []  # the current hop's outputs since its run started
+        # a forwarded step's outputs (or the first hop's failure), per hop:
+        # the answers the plan's sends of [n, n+t) would get; dropped from the
+        # first hop that deviates (no output, a resync, a failure, a lie)
+        pre = await self._forwarded(n, t)
         try:
             while True:
                 act = plan.next()
@@ -667,14 +710,22 @@ class InferenceSession:
                     continue
                 if isinstance(act, Send):
                     hs = act.hop
+                    got = pre.pop(hs, None) if (act.lo, act.hi) == (n, n + t) else None
+                    if got is None:
+                        pre.clear()
                     try:
-                        outs.append(await self._forward(hs, self.hist[hs.hop.start][act.lo : act.hi]))
+                        if isinstance(got, _HopFailed):
+                            raise got
+                        outs.append(got if got is not None
+                                    else await self._forward(hs, self.hist[hs.hop.start][act.lo : act.hi]))
                         plan.sent(hs, act.hi - act.lo)
                     except _Resync as rs:
                         outs = []
+                        pre.clear()
                         plan.resync(hs, rs.length, len(self.hist.get(hs.hop.end, ())), time.monotonic())
                     except _HopFailed as exc:
                         outs = []
+                        pre.clear()
                         llm.stats["failures"] += 1
                         before = len(plan.recoveries)
                         plan.failed(hs, exc.reason, time.monotonic(), moved=exc.moved)
@@ -686,6 +737,7 @@ class InferenceSession:
                 outs = []
                 full = torch.cat([self.hist[e][: act.lo], out]) if act.lo else out
                 if await self._spot_check(hs, n + t, full):
+                    pre.clear()
                     plan.lied(hs, time.monotonic())  # banned by the check: recompute from a replacement
                     continue
                 self.hist[e] = full
@@ -702,6 +754,66 @@ class InferenceSession:
             for r in self.recoveries:
                 r.setdefault("recovered_s", round(done - r["t"], 4))
         return self.hist[llm.num_layers][n:]
+
+    async def _forwarded(self, n: int, t: int) -> dict[HopState, "torch.Tensor | _HopFailed"]:
+        """Send decode position ``n`` down the chain peer to peer (when this
+        session may: forwarding on, one position, the chain whole and every
+        hop's cache at ``n``, no other session decoding, no recent refusal).
+        Returns each hop's output, in chain order up to the first that did
+        not come; or ``{first hop: failure}`` when the first hop failed."""
+        llm = self.llm
+        hops = self.chain.hops
+        if (llm._inbox is None or t != 1 or n == 0 or len(hops) < 2 or len(llm.active) > 1
+                or time.monotonic() < self._forward_off_until or hops[0].hop.start != 0
+                or hops[-1].hop.end != llm.num_layers or any(hs.pos != n for hs in hops)
+                or any(a.hop.end != b.hop.start for a, b in zip(hops, hops[1:]))):
+            return {}
+        route = tuple((hs.hop.peer, hs.hop.start, hs.hop.end) for hs in hops)
+        d = self._delegation
+        if d is None or d.route != route or d.expires - time.time() < llm.delegation_ttl / 4:
+            assert llm.identity is not None
+            d = self._delegation = sign_delegation(llm.identity, self.id, llm.model_hash, route,
+                                                   time.time() + llm.delegation_ttl)
+        for peer, _, _ in route[1:]:
+            if peer not in llm._dialed:  # so that they can reach us too
+                await llm._dial(peer)
+        llm.forward_stats["steps"] += 1
+        first = hops[0]
+        exp = _Expect(n, {(a, b): p for p, a, b in route[1:]}, {p for p, _, _ in route}, llm.head.config.hidden_size)
+        llm._inbox.expects[self.id] = exp
+        try:
+            msg = {
+                "v": WIRE_VERSION, "op": "forward", "model": llm.model_hash, "span": [0, first.hop.end],
+                "session": self.id, "pos": n, "max_length": self.max_length,
+                "hidden": pack_tensor(self.hist[0][n : n + 1]), "route": d.wire(), **llm.tenant_fields,
+            }
+            try:
+                resp = await llm._request(first.hop.peer, msg)
+            except _HopFailed as exc:
+                llm.forward_stats["fallbacks"] += 1
+                return {first: exc}
+            try:
+                out = unpack_tensor(resp.get("hidden"), max_ndim=2) if resp.get("ok") is True else None
+            except WireError:
+                out = None
+            if out is None or tuple(out.shape) != (1, llm.head.config.hidden_size) or resp.get("length") != n + 1:
+                # refused (its view lacks a hop, a resync, ...): the plan asks it
+                # again the usual way; no forwarding for a while
+                llm.forward_stats["refused"] += 1
+                self._forward_off_until = time.monotonic() + 5.0
+                return {}
+            pre: dict[HopState, torch.Tensor | _HopFailed] = {first: out}
+            with trio.move_on_after(llm.request_timeout):
+                await exp.ev.wait()
+            for hs in hops[1:]:
+                h = exp.got.get((hs.hop.start, hs.hop.end))
+                if h is None:
+                    break
+                pre[hs] = h
+            llm.forward_stats["complete" if len(pre) == len(hops) else "fallbacks"] += 1
+            return pre
+        finally:
+            llm._inbox.expects.pop(self.id, None)
 
     async def _spot_check(self, hs: HopState, upto: int, full: torch.Tensor) -> bool:
         """Maybe recompute a hop's outputs ``[0, upto)`` on another peer that
@@ -850,3 +962,72 @@ class _Resync(Exception):
     def __init__(self, length: int) -> None:
         super().__init__(f"peer holds {length} positions")
         self.length = length
+
+
+@dataclass(eq=False)
+class _Expect:
+    """The outputs a forwarded step of one session waits for."""
+
+    pos: int
+    peers: dict[tuple[int, int], str]  # span -> the hop that sends its output
+    route: set[str]  # who may tell us the step stopped
+    hidden_size: int
+    got: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    error: str | None = None
+    ev: trio.Event = field(default_factory=trio.Event)
+
+
+class _Inbox:
+    """Receives serving peers' ``out`` messages on one client transport
+    (shared by the ``SwarmLLM``s on it): each must be the expected output of
+    a step one of our sessions is waiting for, from the hop the route says."""
+
+    def __init__(self, transport: Any) -> None:
+        self.expects: dict[bytes, _Expect] = {}
+        self.refused = 0
+        transport.set_request_handler(OUT_PROTOCOL, self.handle)
+
+    async def handle(self, sender: str, data: bytes) -> bytes:
+        try:
+            self._take(sender, decode(data))
+            return encode({"ok": True})
+        except WireError as exc:
+            self.refused += 1
+            return encode({"ok": False, "error": exc.code, "detail": exc.detail[:300]})
+
+    def _take(self, sender: str, msg: dict[str, Any]) -> None:
+        keys = set(msg)
+        if (msg.get("v") != WIRE_VERSION or msg.get("op") != "out" or not OP_KEYS["out"] <= keys
+                or keys - OP_KEYS["out"] - OPTIONAL_KEYS["out"]):
+            raise WireError("bad-request", "not an out message")
+        sid, span, pos = msg["session"], msg["span"], msg["pos"]
+        e = self.expects.get(sid) if type(sid) is bytes else None
+        if e is None:
+            raise WireError("unknown-session", "no step of this session is waiting")
+        if (type(span) is not list or len(span) != 2 or any(type(x) is not int for x in span)
+                or (span[0], span[1]) not in e.peers or type(pos) is not int or pos != e.pos):
+            raise WireError("bad-request", "not a step this session waits for")
+        if "hidden" not in msg:
+            if sender not in e.route:
+                raise WireError("bad-request", "not a hop of the route")
+            e.error = f"{msg.get('error')}: {msg.get('detail')}"[:300]
+            e.ev.set()
+            return
+        if sender != e.peers[(span[0], span[1])]:
+            raise WireError("bad-request", "not the route's hop for this span")
+        h = unpack_tensor(msg["hidden"], max_ndim=2)
+        if tuple(h.shape) != (1, e.hidden_size) or not torch.isfinite(h).all():
+            raise WireError("bad-request", f"hidden must be (1, {e.hidden_size}), finite")
+        e.got[(span[0], span[1])] = h
+        if len(e.got) == len(e.peers):
+            e.ev.set()
+
+
+_INBOXES: "weakref.WeakKeyDictionary[Any, _Inbox]" = weakref.WeakKeyDictionary()
+
+
+def _inbox_of(transport: Any) -> _Inbox:
+    box = _INBOXES.get(transport)
+    if box is None:
+        box = _INBOXES[transport] = _Inbox(transport)
+    return box

@@ -32,6 +32,8 @@ Requests (``"v": 1`` in all):
   when more steps wait than one forward takes, a serving peer takes those of
   the tenants with the least usage (its ledger, as for batch shards) over
   weight first. Without them the tenant is the sender, weight 1.
+* ``forward`` may carry ``"route": DELEGATION`` (server-to-server
+  forwarding, below).
 * ``{"op": "close", "model": HASH, "session": <16 bytes>}`` frees a session.
 * ``{"op": "info"}``: model hash, span, limits and counters.
 
@@ -39,27 +41,49 @@ Errors are answers, never crashes: ``{"ok": false, "error": CODE, "detail":
 TEXT}`` with CODE one of ``ERROR_CODES``.
 
 Sessions are keyed by (transport-authenticated sender, session id), so a
-client can touch only its own.
+client can touch only its own; a forwarded request is keyed by the client
+that signed its delegation.
+
+Forwarding. A client that wants a decode step to travel peer to peer sends
+the chain's first hop a ``forward`` with ``"route"``: a delegation it signed
+with its Ed25519 key (``sign_delegation``): ``{"client": PEER_ID, "session":
+<16 bytes>, "model": HASH, "route": [[PEER, A, B], ..], "expires": UNIX_S,
+"sig": <64 bytes>}``. A serving peer checks it (``check_delegation``: the
+signature, the session and model, the expiry, a route that covers blocks
+contiguously to the model's last block and names each peer once, this peer
+on it with the request's span, the sender the client or the route's previous
+hop, every hop a live peer of its view), computes, answers its sender, then
+sends the same ``forward`` with its output to the route's next hop and its
+output to the client as ``{"op": "out", "model", "session", "span": [A, B],
+"pos": P, "hidden": TENSOR}`` (a hop that could not reach the next one sends
+``"error"`` and ``"detail"`` instead of ``"hidden"``, naming the next hop's
+span). The client answers ``out`` with ``{"ok": true}``; it falls back to
+driving each hop whose output did not come.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import torch
 
+from .core.identity import Identity, verify
 from .core.spans import tenant_problem, weight_problem
 from .errors import RemoteProtocolError
 from .tasks.llama import DTYPES
 
 __all__ = [
-    "PROTOCOL", "WIRE_VERSION", "SESSION_ID_BYTES", "MAX_FRAME", "WIRE_DTYPES", "ERROR_CODES", "OP_KEYS",
-    "OPTIONAL_KEYS", "tenant_of", "WireError", "encode", "decode", "pack_tensor", "unpack_tensor", "get_field", "elem_bytes",
+    "PROTOCOL", "OUT_PROTOCOL", "WIRE_VERSION", "SESSION_ID_BYTES", "MAX_FRAME", "WIRE_DTYPES", "ERROR_CODES", "OP_KEYS",
+    "OPTIONAL_KEYS", "tenant_of", "WireError", "RouteRefused", "DelegationRefused", "SessionConflict", "BadHidden",
+    "Delegation", "sign_delegation", "check_delegation", "DELEGATION_KEYS", "MAX_ROUTE", "encode", "decode", "pack_tensor", "unpack_tensor", "get_field", "elem_bytes",
 ]
 
 PROTOCOL = "/fedswarm/llm/1.0.0"
+#: serving peer -> client: outputs of forwarded steps (``out``)
+OUT_PROTOCOL = "/fedswarm/llm-out/1.0.0"
 WIRE_VERSION = 1
 SESSION_ID_BYTES = 16
 MAX_FRAME = 4 * 1024 * 1024
@@ -73,6 +97,8 @@ def elem_bytes(dtype_name: str) -> int:
 ERROR_CODES = (
     "bad-request", "wrong-model", "wrong-span", "too-large", "full", "busy",
     "pos-mismatch", "unknown-session", "internal",
+    # forwarding and bad input (see the module docstring)
+    "bad-route", "unknown-peer", "bad-delegation", "session-conflict", "forward-failed",
 )
 
 
@@ -83,6 +109,28 @@ class WireError(RemoteProtocolError):
     @property
     def code(self) -> str:
         return self.reason
+
+
+class RouteRefused(WireError):
+    """A delegated route that loops, skips or overlaps blocks, does not reach
+    the model's last block, leaves out this peer's span or its sender
+    (``bad-route``), or names a peer outside this peer's view
+    (``unknown-peer``)."""
+
+
+class DelegationRefused(WireError):
+    """A delegation that is malformed, expired, for another session or
+    model, or not signed by the client it names (``bad-delegation``)."""
+
+
+class SessionConflict(WireError):
+    """A session id already open here for another client or tenant
+    (``session-conflict``)."""
+
+
+class BadHidden(WireError):
+    """A hidden-state tensor of the wrong shape or dtype, or non-finite
+    (``bad-request``, as for any malformed field)."""
 
 
 # ----------------------------------------------------------------- codec
@@ -117,21 +165,21 @@ def pack_tensor(t: torch.Tensor) -> dict[str, Any]:
 
 def unpack_tensor(v: Any, *, max_ndim: int = 4, max_bytes: int = MAX_FRAME) -> torch.Tensor:
     if type(v) is not dict or set(v) != {"dtype", "shape", "data"}:
-        raise WireError("bad-request", "tensor must be {dtype, shape, data}")
+        raise BadHidden("bad-request", "tensor must be {dtype, shape, data}")
     dt, shape, data = v["dtype"], v["shape"], v["data"]
     if dt not in WIRE_DTYPES:
-        raise WireError("bad-request", f"dtype must be one of {WIRE_DTYPES}")
+        raise BadHidden("bad-request", f"dtype must be one of {WIRE_DTYPES}")
     if type(shape) is not list or not 1 <= len(shape) <= max_ndim or any(
         type(s) is not int or not 0 <= s <= (1 << 24) for s in shape
     ):
-        raise WireError("bad-request", "bad tensor shape")
+        raise BadHidden("bad-request", "bad tensor shape")
     if type(data) is not bytes:
-        raise WireError("bad-request", "tensor data must be bytes")
+        raise BadHidden("bad-request", "tensor data must be bytes")
     n = math.prod(shape) * _ELEM[dt]
     if n > max_bytes:
         raise WireError("too-large", "tensor too large")
     if n != len(data):
-        raise WireError("bad-request", f"tensor data is {len(data)} bytes, shape needs {n}")
+        raise BadHidden("bad-request", f"tensor data is {len(data)} bytes, shape needs {n}")
     if n == 0:
         return torch.empty(shape, dtype=DTYPES[dt])
     return torch.frombuffer(bytearray(data), dtype=DTYPES[dt]).reshape(shape)
@@ -150,6 +198,8 @@ def get_field(msg: dict[str, Any], key: str, typ: type, *, lo: int | None = None
 
 OP_KEYS = {
     "forward": {"v", "op", "model", "span", "session", "pos", "max_length", "hidden"},
+    # serving peer -> client: a forwarded step's output (or why it stopped)
+    "out": {"v", "op", "model", "session", "span", "pos"},
     "step": {"v", "op", "model", "span", "sessions", "pos", "max_length", "hidden"},
     "close": {"v", "op", "model", "session"},
     "info": {"v", "op"},
@@ -157,7 +207,8 @@ OP_KEYS = {
 #: keys an op may carry: ``tenant`` (1..64 characters; default: the sender)
 #: and its ``weight`` (0 < w <= 1000; default 1) order queued steps when a
 #: serving peer's forwards are full (fair sessions)
-OPTIONAL_KEYS = {"forward": {"tenant", "weight"}, "step": {"tenant", "weight"}}
+OPTIONAL_KEYS = {"forward": {"tenant", "weight", "route"}, "step": {"tenant", "weight"},
+                 "out": {"hidden", "error", "detail"}}
 def tenant_of(msg: dict[str, Any], sender: str) -> tuple[str, float]:
     """The request's (tenant, weight), checked; the sender and 1 by default."""
     tenant = msg.get("tenant", sender)
@@ -170,3 +221,97 @@ def tenant_of(msg: dict[str, Any], sender: str) -> tuple[str, float]:
     if problem:
         raise WireError("bad-request", f"'weight': {problem}")
     return tenant, float(weight)
+
+
+# ----------------------------------------------------------------- delegation
+
+MAX_ROUTE = 64  # hops in a delegated route
+DELEGATION_KEYS = {"client", "session", "model", "route", "expires", "sig"}
+_DELEGATION_TAG = "fedswarm-llm-route/1"
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """A route a client signed for one session: ``route`` is ``((peer, a,
+    b), ..)`` in block order; valid until ``expires`` (Unix seconds)."""
+
+    client: str
+    session: bytes
+    model: str
+    route: tuple[tuple[str, int, int], ...]
+    expires: float
+    sig: bytes
+
+    def wire(self) -> dict[str, Any]:
+        return {"client": self.client, "session": self.session, "model": self.model,
+                "route": [list(h) for h in self.route], "expires": self.expires, "sig": self.sig}
+
+    def index_of(self, peer: str, span: tuple[int, int]) -> int | None:
+        for i, (p, a, b) in enumerate(self.route):
+            if p == peer and (a, b) == span:
+                return i
+        return None
+
+
+def _signed_bytes(client: str, session: bytes, model: str, route: Any, expires: float) -> bytes:
+    body = [_DELEGATION_TAG, client, session, model, [list(h) for h in route], float(expires)]
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def sign_delegation(identity: Identity, session: bytes, model: str, route: Any, expires: float) -> Delegation:
+    """The client's signed delegation of ``route`` (``[(peer, a, b), ..]``)
+    for ``session``."""
+    hops = tuple((str(p), int(a), int(b)) for p, a, b in route)
+    sig = identity.sign(_signed_bytes(identity.peer_id, session, model, hops, expires))
+    return Delegation(identity.peer_id, session, model, hops, float(expires), sig)
+
+
+def check_delegation(v: Any, *, num_layers: int, now: float,
+                     verified: dict[bytes, Delegation] | None = None) -> Delegation:
+    """Parse and check a delegation from the wire: its fields, a route that
+    covers ``[a0, num_layers)`` block after block with each peer once, the
+    expiry and the client's signature (skipped when ``verified`` already
+    holds this signature: the caller's cache of good ones).
+
+    Raises:
+        DelegationRefused: malformed, expired or badly signed.
+        RouteRefused: the route loops, skips or overlaps blocks, or stops short.
+    """
+    if type(v) is not dict or set(v) != DELEGATION_KEYS:
+        raise DelegationRefused("bad-delegation", f"a delegation has exactly the keys {sorted(DELEGATION_KEYS)}")
+    client, session, model, route, expires, sig = (v[k] for k in ("client", "session", "model", "route",
+                                                                   "expires", "sig"))
+    if (type(client) is not str or not 1 <= len(client) <= 128 or type(session) is not bytes
+            or len(session) != SESSION_ID_BYTES or type(model) is not str or type(sig) is not bytes
+            or len(sig) != 64 or type(expires) not in (int, float) or not math.isfinite(expires)):
+        raise DelegationRefused("bad-delegation", "bad delegation field")
+    if type(route) is not list or not 1 <= len(route) <= MAX_ROUTE:
+        raise RouteRefused("bad-route", f"a route has 1..{MAX_ROUTE} hops")
+    hops: list[tuple[str, int, int]] = []
+    for h in route:
+        if (type(h) is not list or len(h) != 3 or type(h[0]) is not str or not 1 <= len(h[0]) <= 128
+                or type(h[1]) is not int or type(h[2]) is not int or not 0 <= h[1] < h[2] <= num_layers):
+            raise RouteRefused("bad-route", f"a hop is [peer, A, B] with 0 <= A < B <= {num_layers}")
+        hops.append((h[0], h[1], h[2]))
+    for (_, _, b), (p, a, _) in zip(hops, hops[1:]):
+        if a != b:
+            raise RouteRefused("bad-route", f"the route {'skips' if a > b else 'overlaps'} blocks at {b} ({p[:16]})")
+    if hops[-1][2] != num_layers:
+        raise RouteRefused("bad-route", f"the route stops at block {hops[-1][2]}, not {num_layers}")
+    peers = [p for p, _, _ in hops]
+    if len(set(peers)) != len(peers) or client in peers:
+        raise RouteRefused("bad-route", "the route loops (a peer appears twice)")
+    if expires <= now:
+        raise DelegationRefused("bad-delegation", "the delegation expired")
+    d = Delegation(client, session, model, tuple(hops), float(expires), sig)
+    if verified is not None and verified.get(sig) == d:
+        return d
+    try:
+        verify(client, sig, _signed_bytes(client, session, model, hops, expires))
+    except (RemoteProtocolError, ValueError) as exc:
+        raise DelegationRefused("bad-delegation", f"not signed by {client[:16]}: {exc}") from None
+    if verified is not None:
+        if len(verified) >= 4096:
+            verified.clear()
+        verified[sig] = d
+    return d

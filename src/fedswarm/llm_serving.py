@@ -60,14 +60,22 @@ from .core.spans import (
     choose_span,
     per_block,
 )
+from .errors import TransportError
 from .llm_protocol import (
     MAX_FRAME,
+    OUT_PROTOCOL,
     OP_KEYS,
     OPTIONAL_KEYS,
     PROTOCOL,
     SESSION_ID_BYTES,
     WIRE_VERSION,
+    BadHidden,
+    Delegation,
+    DelegationRefused,
+    RouteRefused,
+    SessionConflict,
     WireError,
+    check_delegation,
     decode,
     elem_bytes,
     encode,
@@ -146,12 +154,35 @@ class BlockServer:
         self_id: str = "",
         policy: PlacementPolicy | None = None,
         throughput: float = 0.0,
+        transport: Any = None,
+        view_peers: Callable[[], Any] | None = None,
+        nursery: trio.Nursery | None = None,
+        wall: Callable[[], float] = time.time,
+        forward_timeout: float = 10.0,
     ) -> None:
         self.model_hash = model_hash
+        self.self_id = self_id
+        # server-to-server forwarding (see _pass_on): the transport to reach
+        # the route's next hop and the client; the live peer ids of our view
+        # (a route naming anyone else is refused); a nursery to pass outputs
+        # on after answering (without one they are passed on before); the
+        # wall clock that delegations expire on
+        self.transport = transport
+        self.view_peers = view_peers
+        self.nursery = nursery
+        self.wall = wall
+        self.forward_timeout = forward_timeout
+        self._verified: dict[bytes, Delegation] = {}  # signatures already checked
+        self._tenants: dict[tuple[str, bytes], str] = {}  # (owner, session id) -> its tenant
+        #: forwarded: steps passed on to the next hop; pushed: outputs sent
+        #: to the client; refused: requests refused for their route,
+        #: delegation, hidden state or session id (by code in stats.by_error)
+        self.forwarding = {"forwarded": 0, "forward_failures": 0, "pushed": 0, "push_failures": 0, "refused": 0}
         self.limits = limits or ServerLimits()
         self.clock = clock
         self.max_frame = max_frame
         cfg = span.config
+        self.num_layers = cfg.num_hidden_layers
         self.hidden_size = cfg.hidden_size
         self.dtype_name = {v: k for k, v in DTYPES.items()}[span.dtype]
         max_length = min(self.limits.max_session_length, cfg.max_position_embeddings)
@@ -240,6 +271,7 @@ class BlockServer:
             "sessions": len(self.sessions),
             "cache_bytes": self.cache_bytes,
             "stats": st,
+            "forwarding": dict(self.forwarding),
         }
 
     async def handle(self, sender: str, data: bytes) -> bytes:
@@ -248,6 +280,8 @@ class BlockServer:
             msg = decode(data, max_bytes=self.max_frame)
             return encode(await self._dispatch(sender, msg))
         except WireError as exc:
+            if isinstance(exc, (RouteRefused, DelegationRefused, SessionConflict, BadHidden)):
+                self.forwarding["refused"] += 1
             return self._error(exc.code, exc.detail)
         except (trio.Cancelled, KeyboardInterrupt):
             raise
@@ -338,21 +372,26 @@ class BlockServer:
         span = self._span_of(msg)
         pos = get_field(msg, "pos", int, lo=0, hi=1 << 24)
         max_length = get_field(msg, "max_length", int, lo=1, hi=1 << 24)
-        tenant, weight = tenant_of(msg, sender)  # checked before any session is admitted
+        # a forwarded step belongs to the client that signed its route
+        deleg, hop_i = self._check_route(sender, sid, span, msg["route"]) if "route" in msg else (None, 0)
+        owner = sender if deleg is None else deleg.client
+        tenant, weight = tenant_of(msg, owner)  # checked before any session is admitted
         hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
         if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
-            raise WireError("bad-request", f"hidden must be (tokens, {self.hidden_size})")
+            raise BadHidden("bad-request", f"hidden must be (tokens, {self.hidden_size})")
         t = hidden.shape[0]
         if not 1 <= t <= self.max_tokens:
             raise WireError("too-large", f"1..{self.max_tokens} tokens per request")
         if not torch.isfinite(hidden).all():
-            raise WireError("bad-request", "hidden holds non-finite values")
-        adm = self.core.admit_forward(now, sender, sid, span, pos, t, max_length)
+            raise BadHidden("bad-request", "hidden holds non-finite values")
+        self._check_owner(owner, sid, span, pos, tenant)
+        adm = self.core.admit_forward(now, owner, sid, span, pos, t, max_length)
         if isinstance(adm, Refusal):
             raise WireError(adm.code, adm.detail)
         s = adm.session
         if adm.created:
             s.cache = self._blocks[span].new_cache(max_length)
+            self._own(owner, sid, tenant)
         if adm.refusal is not None:
             r = adm.refusal
             if r.code == "pos-mismatch":  # an answer, not an error: the client resyncs
@@ -363,8 +402,102 @@ class BlockServer:
         t0 = await self._compute_items([item], [t])
         self.stats.tokens += t
         self._answered(t, t0, item.batch)
-        return {"ok": True, "hidden": {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result},
-                "length": s.cache.length}
+        out = {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result}
+        length = s.cache.length
+        if deleg is not None:
+            if self.nursery is not None:
+                self.nursery.start_soon(self._pass_on, deleg, hop_i, msg, out)
+            else:
+                await self._pass_on(deleg, hop_i, msg, out)
+            if sender != deleg.client:  # the previous hop: our output went to the client
+                return {"ok": True, "length": length}
+        return {"ok": True, "hidden": out, "length": length}
+
+    # -- forwarding ------------------------------------------------------------
+    def _check_route(self, sender: str, sid: bytes, span: tuple[int, int], v: Any) -> tuple[Delegation, int]:
+        """The delegation of a forwarded step, checked: signed by its client
+        for this session and model, not expired, a route that covers the
+        blocks once each, with this peer's span on it, sent by the client (to
+        the first hop) or by the hop before ours, every hop a live peer of
+        our view. Returns it and our index on its route."""
+        if self.transport is None:
+            raise RouteRefused("bad-route", "this peer does not forward")
+        d = check_delegation(v, num_layers=self.num_layers, now=self.wall(), verified=self._verified)
+        if d.session != sid or d.model != self.model_hash:
+            raise DelegationRefused("bad-delegation", "the delegation is for another session or model")
+        i = d.index_of(self.self_id, span)
+        if i is None:
+            raise RouteRefused("bad-route", f"the route does not hold this peer's span {list(span)}")
+        if sender != (d.client if i == 0 else d.route[i - 1][0]):
+            raise RouteRefused("bad-route", "the sender is neither the client nor the route's previous hop")
+        if self.view_peers is not None:
+            live = self.view_peers()
+            unknown = [p for p, _, _ in d.route if p != self.self_id and p not in live]
+            if unknown:
+                raise RouteRefused("unknown-peer", f"the route names peers outside this peer's view: "
+                                                   f"{[p[:16] for p in unknown]}")
+        return d, i
+
+    def _check_owner(self, owner: str, sid: bytes, span: tuple[int, int], pos: int, tenant: str) -> None:
+        """A session id is one client's and one tenant's: refuse to open it
+        for another client, or to go on with it for another tenant (another
+        client continuing it finds no session of its own: unknown-session)."""
+        if pos == 0 and (owner, sid, *span) not in self.core.sessions and any(
+                k[1] == sid and k[0] != owner for k in self.core.sessions):
+            raise SessionConflict("session-conflict", "this session id is open here for another client")
+        held = self._tenants.get((owner, sid))
+        if held is not None and held != tenant and any(k[0] == owner and k[1] == sid for k in self.core.sessions):
+            raise SessionConflict("session-conflict", f"this session belongs to tenant {held[:64]!r}")
+
+    def _own(self, owner: str, sid: bytes, tenant: str) -> None:
+        if len(self._tenants) > 4 * self.limits.max_sessions:  # forget the closed and expired ones
+            live = {(k[0], k[1]) for k in self.core.sessions}
+            self._tenants = {k: v for k, v in self._tenants.items() if k in live}
+        self._tenants[(owner, sid)] = tenant
+
+    async def _pass_on(self, d: Delegation, i: int, msg: dict[str, Any], out: dict[str, Any]) -> None:
+        """After our part of a forwarded step: send the same ``forward`` with
+        our output to the route's next hop, and our output to the client
+        (the first hop's went in its answer). When the next hop cannot be
+        reached or refuses, the client is told (``out`` with ``error``) and
+        drives that hop itself. Never raises."""
+        try:
+            base = {"v": WIRE_VERSION, "op": "out", "model": self.model_hash, "session": d.session, "pos": msg["pos"]}
+
+            async def to_client() -> None:
+                if i > 0:
+                    await self._push(d.client, {**base, "span": [d.route[i][1], d.route[i][2]], "hidden": out})
+
+            async def to_next() -> None:
+                if i + 1 >= len(d.route):
+                    return
+                peer, a, b = d.route[i + 1]
+                try:
+                    raw = await self.transport.request(peer, PROTOCOL, encode({**msg, "span": [a, b], "hidden": out}),
+                                                       timeout=self.forward_timeout)
+                    resp = decode(raw)
+                    why = "" if resp.get("ok") is True else f"{resp.get('error')}: {str(resp.get('detail', ''))}"
+                except (TransportError, WireError) as exc:
+                    why = f"transport: {exc}"
+                if not why:
+                    self.forwarding["forwarded"] += 1
+                    return
+                self.forwarding["forward_failures"] += 1
+                await self._push(d.client, {**base, "span": [a, b], "error": "forward-failed", "detail": why[:300]})
+
+            async with trio.open_nursery() as n:
+                n.start_soon(to_next)
+                n.start_soon(to_client)
+        except Exception:  # a bug here must not take the peer (or its nursery) down
+            log.exception("passing a forwarded step on failed")
+
+    async def _push(self, client: str, m: dict[str, Any]) -> None:
+        try:
+            raw = await self.transport.request(client, OUT_PROTOCOL, encode(m), timeout=self.forward_timeout)
+            ok = decode(raw).get("ok") is True
+        except (TransportError, WireError):
+            ok = False
+        self.forwarding["pushed" if ok else "push_failures"] += 1
 
     async def _step(self, sender: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         """``step``: one decode position for each of N open sessions of
@@ -382,9 +515,9 @@ class BlockServer:
         tenant, weight = tenant_of(msg, sender)
         hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
         if tuple(hidden.shape) != (n, self.hidden_size):
-            raise WireError("bad-request", f"hidden must be ({n}, {self.hidden_size})")
+            raise BadHidden("bad-request", f"hidden must be ({n}, {self.hidden_size})")
         if not torch.isfinite(hidden).all():
-            raise WireError("bad-request", "hidden holds non-finite values")
+            raise BadHidden("bad-request", "hidden holds non-finite values")
         sessions: list[Session] = []
         for i, (sid, pos, ml) in enumerate(zip(sids, poss, lens)):
             if type(sid) is not bytes or len(sid) != SESSION_ID_BYTES:
@@ -395,6 +528,9 @@ class BlockServer:
             if isinstance(got, Refusal):
                 extra = {"length": got.length} if got.length is not None else {}
                 return self._refuse(got.code, i, got.detail, **extra)
+            if self._tenants.get((sender, sid), tenant) != tenant:
+                self.forwarding["refused"] += 1
+                return self._refuse("session-conflict", i, "this session belongs to another tenant")
             sessions.append(got)
         hidden = hidden.to(self.span.dtype)
         self.core.begin(now, sessions, poss)
@@ -660,7 +796,8 @@ async def start_block_server(
     if placing and policy is None:
         policy = PlacementPolicy(n_blocks=end - start)
     server = BlockServer(span, mhash, limits=limits, self_id=core.id, policy=policy if placing else None,
-                         throughput=thr)
+                         throughput=thr, transport=transport, nursery=nursery,
+                         view_peers=lambda: {e.peer for e in core.view.live(now())})
     server.model_name = Path(str(model_dir)).name  # what the dashboard calls it
     if getattr(core, "ledger", None) is not None:
         server.use_ledger(core.ledger, core.id, now)

@@ -40,8 +40,11 @@ class MemSwarm:
 
 @asynccontextmanager
 async def memory_swarm(model_dir: Any, blocks: list[str], *, limits: ServerLimits | None = None,
-                       **llm_kw: Any) -> AsyncIterator[MemSwarm]:
-    """Peers serving ``blocks`` (e.g. ["0:2", "2:4"]) and a client, in one trio run."""
+                       forwarding: bool = False, **llm_kw: Any) -> AsyncIterator[MemSwarm]:
+    """Peers serving ``blocks`` (e.g. ["0:2", "2:4"]) and a client, in one trio run.
+
+    ``forwarding``: the peers pass forwarded steps on from their nursery (as
+    ``peer start`` does) and the client's ``SwarmLLM`` has its key (forwarding on)."""
     net = MemoryNetwork()
     ids = [ident(i) for i in range(len(blocks))]
     servers = []
@@ -49,12 +52,14 @@ async def memory_swarm(model_dir: Any, blocks: list[str], *, limits: ServerLimit
         for i, (idn, b) in enumerate(zip(ids, blocks)):
             t = net.add(idn)
             core = PeerCore(idn, PeerConfig(bootstrap=(ids[0].peer_id,)), random.Random(i))
-            servers.append(await start_block_server(t, core, model_dir, b, limits=limits, return_server=True))
+            servers.append(await start_block_server(t, core, model_dir, b, limits=limits, return_server=True,
+                                                    nursery=nursery if forwarding else None))
             await nursery.start(Agent(core, t).run)
         cid = ident(1000)
         async with open_client(net.add(cid), cid, bootstrap=[ids[0].peer_id], seed=1) as client:
             llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()),
-                           load_client_head(model_dir), model_hash(model_dir), **llm_kw)
+                           load_client_head(model_dir), model_hash(model_dir),
+                           **({"identity": cid} if forwarding else {}), **llm_kw)
             yield MemSwarm(net, servers, [i.peer_id for i in ids], llm, client)
         nursery.cancel_scope.cancel()
 

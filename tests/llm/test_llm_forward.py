@@ -1,0 +1,246 @@
+"""Server-to-server forwarding (a decode step travels peer to peer along a
+route the client signed) and the bad input a serving peer refuses.
+
+Forwarded generations must give the tokens of client-driven ones, also when
+a hop dies or refuses mid-generation (the client then drives that hop
+itself and replays the cache on a replacement). A route that names peers
+outside the view, loops or skips blocks, a forged or expired delegation, a
+hidden state of the wrong shape or dtype, and a session id reused by another
+client or tenant are refused with typed errors and counted, and the peer
+goes on serving."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import pytest
+import torch
+import trio
+
+from fedswarm.llm_client import SwarmLLM, _inbox_of
+from fedswarm.llm_protocol import (
+    ERROR_CODES,
+    OP_KEYS,
+    BadHidden,
+    DelegationRefused,
+    RouteRefused,
+    WireError,
+    check_delegation,
+    decode,
+    encode,
+    pack_tensor,
+    sign_delegation,
+    unpack_tensor,
+)
+from fedswarm.llm_serving import BlockServer
+from fedswarm.net.memory import MemoryNetwork
+from fedswarm.tasks.checkpoint import load_block_span, load_client_head, model_hash
+from fedswarm.tasks.tokenizer import ByteTokenizer
+from llm_swarm_helpers import ident, memory_swarm
+
+PROMPT = ByteTokenizer().encode("Hello, swarm!")
+N_NEW = 14
+
+
+@asynccontextmanager
+async def forwarding_swarm(model_dir: Any, blocks: list[str]) -> AsyncIterator[Any]:
+    """The shared in-memory swarm with forwarding on, and beside its ``fwd``
+    client a ``plain`` (client-driven) one on the same transport."""
+    async with memory_swarm(model_dir, blocks, forwarding=True, spot_check_rate=0.0, request_timeout=5.0) as s:
+        c = s.client
+        plain = SwarmLLM(c.agent.transport, lambda: c.core.view.live(c.agent.now()), load_client_head(model_dir),
+                         model_hash(model_dir), spot_check_rate=0.0, request_timeout=5.0, forward=False)
+        yield {"net": s.net, "servers": s.servers, "ids": s.peer_ids, "fwd": s.llm, "plain": plain}
+
+
+def _server_of(s: dict[str, Any], peer: str) -> BlockServer:
+    return s["servers"][s["ids"].index(peer)]
+
+
+def test_forwarded_tokens_equal_client_driven(tiny_dir):
+    async def main():
+        async with forwarding_swarm(tiny_dir, ["0:1", "1:3", "3:4"]) as s:
+            await s["fwd"].wait_route()
+            ref = await s["plain"].generate(PROMPT, N_NEW, greedy=True)
+            assert s["plain"].forward_stats["steps"] == 0
+            got = await s["fwd"].generate(PROMPT, N_NEW, greedy=True)
+            assert got.token_ids == ref.token_ids and got.recoveries == []
+            st = s["fwd"].forward_stats
+            # every decode step but the first token's (the prefill) went peer to peer
+            assert st["steps"] == st["complete"] == N_NEW - 1, st
+            first, mid, last = s["servers"]
+            assert first.forwarding["forwarded"] == mid.forwarding["forwarded"] == N_NEW - 1
+            assert mid.forwarding["pushed"] == last.forwarding["pushed"] == N_NEW - 1
+            assert last.forwarding["forwarded"] == 0 and first.forwarding["pushed"] == 0
+            assert all(srv.sessions == {} for srv in s["servers"])  # the client closed them
+
+    trio.run(main)
+
+
+def test_dead_next_hop_falls_back_and_replays(tiny_dir):
+    """The route's second hop goes down after 5 tokens: the first hop cannot
+    pass the step on and says so; the client drives that hop itself, bans it,
+    replays the session's inputs on the other 2:4 peer and goes on
+    forwarding along the new chain, with the undisturbed run's tokens."""
+
+    async def main():
+        async with forwarding_swarm(tiny_dir, ["0:2", "2:4", "2:4"]) as s:
+            await s["fwd"].wait_route()
+            ref = await s["fwd"].generate(PROMPT, N_NEW, greedy=True)
+            killed: list[str] = []
+
+            def kill(i: int, tok: int) -> None:
+                if i == 5:
+                    (sess,) = s["fwd"].active
+                    killed.append(sess.hops[1].hop.peer)
+                    s["net"].set_down(killed[0])
+
+            before = dict(s["fwd"].forward_stats)
+            got = await s["fwd"].generate(PROMPT, N_NEW, greedy=True, on_token=kill)
+            assert got.token_ids == ref.token_ids
+            assert [r["failed"] for r in got.recoveries] == [killed[0]]
+            st = {k: v - before[k] for k, v in s["fwd"].forward_stats.items()}
+            assert st["fallbacks"] == 1 and st["complete"] == N_NEW - 2, st
+            first = s["servers"][0]
+            assert first.forwarding["forward_failures"] == 1
+            survivor = next(p for p in s["ids"][1:] if p != killed[0])
+            assert _server_of(s, survivor).forwarding["pushed"] >= N_NEW - 7
+
+    trio.run(main)
+
+
+def test_refusing_next_hop_falls_back(tiny_dir):
+    """The middle hop stops seeing the last one in its view: it refuses the
+    forwarded steps (unknown-peer), the first hop tells the client, and the
+    client drives the rest of the chain itself: same tokens."""
+
+    async def main():
+        async with forwarding_swarm(tiny_dir, ["0:1", "1:3", "3:4"]) as s:
+            await s["fwd"].wait_route()
+            ref = await s["plain"].generate(PROMPT, N_NEW, greedy=True)
+            mid = s["servers"][1]
+
+            def blind(i: int, tok: int) -> None:
+                if i == 4:
+                    mid.view_peers = lambda: {s["ids"][0]}
+
+            got = await s["fwd"].generate(PROMPT, N_NEW, greedy=True, on_token=blind)
+            assert got.token_ids == ref.token_ids and got.recoveries == []
+            st = s["fwd"].forward_stats
+            assert st["complete"] == 4 and st["fallbacks"] == N_NEW - 5, st
+            assert mid.stats.by_error["unknown-peer"] == N_NEW - 5
+            assert mid.forwarding["refused"] == N_NEW - 5
+
+    trio.run(main)
+
+
+# ----------------------------------------------------------------- bad input
+
+SID = bytes(range(16))
+
+
+@pytest.fixture(scope="module")
+def span02(tiny_dir):
+    return load_block_span(tiny_dir, 0, 2)
+
+
+def test_bad_input_is_refused_typed_and_counted(span02, tiny_dir):
+    net = MemoryNetwork()
+    me, nxt, client, other = (ident(i) for i in (50, 51, 52, 53))
+    mh = model_hash(tiny_dir)
+    srv = BlockServer(span02, mh, self_id=me.peer_id, transport=net.add(me),
+                      view_peers=lambda: {nxt.peer_id})
+    x = torch.randn(1, 64)
+
+    def fwd(sid=SID, pos=0, hidden=x, **extra):
+        return {"v": 1, "op": "forward", "model": mh, "span": [0, 2], "session": sid, "pos": pos,
+                "max_length": 32, "hidden": pack_tensor(hidden) if isinstance(hidden, torch.Tensor) else hidden,
+                **extra}
+
+    def routed(route, *, signed_for=SID, expires=None):
+        d = sign_delegation(client, signed_for, mh, route, time.time() + 60 if expires is None else expires)
+        return fwd(route=d.wire())
+
+    def call(msg, sender=client.peer_id):
+        return decode(trio.run(srv.handle, sender, encode(msg)))
+
+    good = [(me.peer_id, 0, 2), (nxt.peer_id, 2, 4)]
+    forged = routed(good)
+    forged["route"]["route"][1][0] = other.peer_id
+    cases = {
+        "unknown-peer": [routed([(me.peer_id, 0, 2), (other.peer_id, 2, 4)])],  # outside the view
+        "bad-route": [
+            routed([(me.peer_id, 0, 2), (nxt.peer_id, 2, 3), (me.peer_id, 3, 4)]),  # loops
+            routed([(me.peer_id, 0, 2), (nxt.peer_id, 3, 4)]),  # skips block 2
+            routed([(me.peer_id, 0, 2), (nxt.peer_id, 1, 4)]),  # overlaps
+            routed([(me.peer_id, 0, 2)]),  # stops short of block 4
+            routed([(nxt.peer_id, 0, 2), (other.peer_id, 2, 4)]),  # this peer is not on it
+        ],
+        "bad-delegation": [
+            forged,  # the route changed after signing
+            routed(good, expires=time.time() - 1),
+            routed(good, signed_for=bytes(16)),  # signed for another session
+            fwd(route={"client": client.peer_id}),
+        ],
+        "bad-request": [fwd(hidden=torch.randn(1, 63)),  # wrong shape
+                        fwd(hidden={"dtype": "float64", "shape": [1, 64], "data": bytes(512)}),  # dtypes that cannot travel
+                        fwd(hidden={"dtype": "int8", "shape": [1, 64], "data": bytes(64)}),
+                        fwd(hidden=torch.full((1, 64), float("nan")))],
+    }
+    for code, msgs in cases.items():
+        for m in msgs:
+            r = call(m)
+            assert r["ok"] is False and r["error"] == code, (code, r)
+    # sent by a peer that is not the route's previous hop (nor the client)
+    assert call(routed(good), sender=other.peer_id)["error"] == "bad-route"
+    # a session id reused by another tenant (same client) or another client
+    assert call(fwd(tenant="alice"))["ok"] is True
+    assert call(fwd(pos=1, tenant="bob"))["error"] == "session-conflict"
+    assert call(fwd(), sender=other.peer_id)["error"] == "session-conflict"
+    assert call({"v": 1, "op": "step", "model": mh, "span": [0, 2], "sessions": [SID, bytes(16)], "pos": [1, 0],
+                 "max_length": [32, 32], "hidden": pack_tensor(torch.randn(2, 64)), "tenant": "bob"}
+                )["error"] in ("session-conflict", "unknown-session")
+    # the peer still serves everyone: the session goes on, another client opens one
+    r = call(fwd(pos=1, tenant="alice"))
+    assert r["ok"] is True and r["length"] == 2
+    assert call(fwd(sid=bytes(16)), sender=other.peer_id)["ok"] is True
+    by = srv.stats.by_error
+    assert by["unknown-peer"] == 1 and by["bad-route"] == 6 and by["bad-delegation"] == 4
+    assert by["bad-request"] == 4 and by["session-conflict"] >= 2
+    assert srv.forwarding["refused"] == sum(by[c] for c in ("unknown-peer", "bad-route", "bad-delegation",
+                                                            "bad-request", "session-conflict"))
+    assert set(by) <= set(ERROR_CODES)
+    # the errors are typed: RemoteProtocolErrors by family
+    with pytest.raises(RouteRefused):
+        check_delegation(routed([(me.peer_id, 0, 2), (nxt.peer_id, 3, 4)])["route"], num_layers=4, now=time.time())
+    with pytest.raises(DelegationRefused):
+        check_delegation(forged["route"], num_layers=4, now=time.time())
+    with pytest.raises(BadHidden):
+        unpack_tensor({"dtype": "int8", "shape": [1], "data": b"\0"})
+    assert issubclass(RouteRefused, WireError)
+
+
+def test_client_refuses_outputs_it_did_not_ask_for():
+    """The client's inbox takes a forwarded step's output only from the hop
+    its route names, for the position it waits for."""
+    from fedswarm.llm_client import _Expect
+
+    net = MemoryNetwork()
+    box = _inbox_of(net.add(ident(60)))
+    box.expects[SID] = _Expect(5, {(2, 4): "hop-b"}, {"hop-a", "hop-b"}, 64)
+
+    def out(sender, **kw):
+        m = {"v": 1, "op": "out", "model": "m", "session": SID, "span": [2, 4], "pos": 5,
+             "hidden": pack_tensor(torch.randn(1, 64)), **kw}
+        return decode(trio.run(box.handle, sender, encode(m)))
+
+    assert out("mallory")["ok"] is False  # not the route's hop
+    assert out("hop-b", pos=6)["ok"] is False  # another position
+    assert out("hop-b", hidden=pack_tensor(torch.randn(1, 65)))["ok"] is False
+    assert out("hop-b", session=bytes(16))["error"] == "unknown-session"
+    assert box.refused == 4 and box.expects[SID].got == {}
+    assert out("hop-b")["ok"] is True and set(box.expects[SID].got) == {(2, 4)}
+    assert box.expects[SID].ev.is_set()
+    assert OP_KEYS["out"] == {"v", "op", "model", "session", "span", "pos"}
