@@ -1,12 +1,12 @@
 """Baseline schedulers on the same workload, swarm and churn as ``netsim run``.
 
 Each baseline is a compact deterministic event loop (one heap of
-``(time, seq, kind, a, b)``). It does **not** re-derive the scenario: it
-builds a ``netsim.Simulator`` for the same scenario, seed and trace (without
-running it) and reads from its event queue the peers and their start times,
-the job submissions, crashes, graceful leaves and joins. The results come
-from ``Simulator.results`` itself, called on this loop's state, so the
-summary (rho, Jain, energy, utilisation, ...) is computed by the same code.
+``(time, seq, kind, a, b)``). It builds from the same plan as fedswarm's
+simulator (``netsim.plan.make_plan`` for the scenario, seed and trace): the
+peers and their start times, the job submissions, crashes, graceful leaves
+and joins. Its ``record()`` is a ``netsim.report.RunRecord`` and its results
+are ``netsim.report.report`` of it, so the summary (rho, Jain, energy,
+utilisation, ...) is computed by the same code.
 
 Policies (docs/evaluation.md):
 
@@ -64,12 +64,12 @@ from typing import Any, NamedTuple
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.energy import choose_level
 from fedswarm.core.fairness import alone_time
-from fedswarm.profiles import Profile
 
-from . import sim as _sim
 from .metrics import StepFn
+from .plan import PeerPlan, make_plan
+from .report import JobRec, NodeRun, RunRecord, report
 from .scenario import Scenario
-from .sim import JobRec, NodeRec, Simulator
+from .sim import NodeRec
 from .workload import TraceJob
 
 __all__ = ["BASELINES", "BaselineSim", "run_baseline"]
@@ -82,7 +82,7 @@ ARRIVE, PSTART, CRASH, LEAVE, LEAVE_END, JOIN, FIN, DETECT = range(8)
 SCHED_ARRIVE, ASSIGN_AT, DONE_AT, RESULT_AT, RESV_AT, LB_REQ, LB_REPLY = range(8, 15)
 
 
-class _Run(NamedTuple):  # what Simulator.results reads of a running shard (+ its end)
+class _Run(NamedTuple):  # a running shard: what the record keeps of it (+ its end)
     gpus: int
     level: float
     end: float
@@ -123,15 +123,15 @@ class BaselineSim:
         self.policy = policy.removesuffix("-instant")
         self.sc = scenario
         self.seed = seed
-        base = Simulator(scenario, seed, jobs=jobs)  # the same peers, churn draws and workload
-        self.base = base  # never run; results() lends it this loop's state
+        plan = make_plan(scenario, seed, jobs=jobs)  # the same peers, churn draws and workload
+        self.plan = plan
         self.rng = random.Random(f"baseline/{self.policy}/{seed}")
-        self.net = base.net
+        self.net = plan.net
         self.net_rng = random.Random(f"baseline-net/{self.policy}/{seed}")
         # the one scheduler (centralized, fifo, random): in the largest region
         regions = scenario.regions or {"us": 1.0}
         self.sched_at = ("scheduler", max(regions, key=lambda r: regions[r]))
-        self.client_at = {t: (c.id, c.region) for t, c in base.clients.items()}
+        self.client_at = {c.tenant: (c.id, c.region) for c in plan.clients}
         self.detect_s = ClientConfig(**scenario.client_overrides).lease_s
         self.q: list[tuple] = []
         self.seq = 0
@@ -139,9 +139,9 @@ class BaselineSim:
         self.events = 0
         self.nodes: dict[str, NodeRec] = {}
         self.peers: dict[str, _Peer] = {}
-        self.initial_peers = list(base.initial_peers)
-        self.jobs: dict[str, JobRec] = {j.job_id: JobRec(j) for j in base.trace}
-        self.st: dict[str, _Job] = {j.job_id: _Job(j) for j in base.trace}
+        self.initial_peers = plan.initial_peers
+        self.jobs: dict[str, JobRec] = {j.job_id: JobRec(j) for j in plan.trace}
+        self.st: dict[str, _Job] = {j.job_id: _Job(j) for j in plan.trace}
         self.intervals: list[tuple[float, float, str, int]] = []
         self.wasted_gpu_s = 0.0
         self.capacity = StepFn(0.0, 0.0)
@@ -155,22 +155,23 @@ class BaselineSim:
         self.net_stats: Counter[str] = Counter()
         self.stop_at = scenario.max_time_s
         self.gen = 0
-        self._joins = 0
         self._heaps: dict[int, list[tuple]] = {}
         self._free_ids: set[str] = set()  # peers with a free slot (centralized)
         self._open_jobs: set[str] = set()  # jobs with ready shards (centralized, fifo order)
-        for t, _, kind, a, b, _c in sorted(base.q, key=lambda x: (x[0], x[1])):
-            if kind == _sim.START and a.is_peer:
-                self._add_peer(a)
-                self._push(t, PSTART, a.id, None)
-            elif kind == _sim.SUBMIT:
+        initial = {p.id: p for p in plan.peers}
+        # the plan's actions in the order fedswarm's loop meets them (time, then draw order)
+        for _, (t, kind, a, _arg) in sorted(enumerate(plan.actions), key=lambda x: (x[1][0], x[0])):
+            if kind == "start" and a in initial:
+                self._add_peer(initial[a])
+                self._push(t, PSTART, a, None)
+            elif kind == "submit":
                 self._push(t, ARRIVE, a.job_id, None)
-            elif kind == _sim.CRASH:
-                self._push(t, CRASH, a.id, None)
-            elif kind == _sim.LEAVE:
-                self._push(t, LEAVE, a.id, None)
-            elif kind == _sim.JOIN:
-                self._push(t, JOIN, a, b)
+            elif kind == "crash":
+                self._push(t, CRASH, a, None)
+            elif kind == "leave":
+                self._push(t, LEAVE, a, None)
+            elif kind == "join":
+                self._push(t, JOIN, a, None)
 
     # ------------------------------------------------------------------
     # plumbing
@@ -214,11 +215,11 @@ class BaselineSim:
         else:
             self._send(self._at(p), to, DETECT, items, None)
 
-    def _add_peer(self, rec: NodeRec) -> _Peer:
-        """Track a peer record of the unrun Simulator (its core never runs:
-        it only stands in, idle, for what ``Simulator.results`` reads)."""
-        prof = rec.profile
-        assert prof is not None
+    def _add_peer(self, pp: PeerPlan) -> _Peer:
+        """Track a peer of the plan (no core: the policy is this loop)."""
+        prof = pp.profile
+        rec = NodeRec(pp.id, None, True, pp.region, prof, prof.name)
+        rec.fault_ids = list(self.plan.fault_ids.get(pp.id, ()))
         cfg = prof.peer_config(**self.sc.peer_overrides)
         p = _Peer(rec, cfg, prof.speed(self.sc.task), prof.slots)
         self.nodes[rec.id] = rec
@@ -234,11 +235,6 @@ class BaselineSim:
         self._cap_update()
         self._load_changed(p)
         self._retry_open()
-
-    def _join_peer(self, prof: Profile, region: str) -> _Peer:
-        rec = self.base._new_peer(prof, region)
-        rec.core = self.base._peer_core(rec, self.base.boot)
-        return self._add_peer(rec)
 
     def _cap_update(self) -> None:
         self._usable_cache = None
@@ -712,7 +708,7 @@ class BaselineSim:
             elif kind == PSTART:
                 self._bring_up(self.peers[a], t)
             elif kind == JOIN:
-                self._bring_up(self._join_peer(a, b), t)
+                self._bring_up(self._add_peer(a), t)
             elif kind == CRASH:
                 p = self.peers[a]
                 if p.rec.alive:
@@ -743,14 +739,35 @@ class BaselineSim:
                 self._drain(self.peers[a])
         self.now = max(self.now, min(self.stop_at, self.sc.max_time_s)) if self.stop_at < math.inf else self.now
 
+    def record(self) -> RunRecord:
+        """What the run left, for ``netsim.report`` (the same record fedswarm's
+        simulator hands it). Peers have no core: no core counters, no leases.
+        The clients only submit and collect: they are not among ``nodes``."""
+        nodes = {}
+        for pid, r in self.nodes.items():
+            nodes[pid] = NodeRun(
+                id=r.id, is_peer=True, name=r.name, profile=r.profile, started=r.started, start_t=r.start_t,
+                end_t=r.end_t, fate=r.fate, hung=False, busy_gpu_s=r.busy_gpu_s, busy_energy_j=r.busy_energy_j,
+                msgs=r.msgs, bytes=r.bytes, fault_ids=r.fault_ids,
+                open_runs=[(r.running[k][1], r.running[k][2].gpus, r.running[k][2].level) for k in sorted(r.running)],
+            )
+        clients = {}
+        for c in self.plan.clients:
+            clients[c.tenant] = NodeRun(
+                id=c.id, is_peer=False, name=c.tenant, profile=None, started=False, start_t=0.0, end_t=None,
+                fate="live", hung=False, busy_gpu_s=0.0, busy_energy_j=0.0, msgs=0, bytes=0,
+                fault_ids=list(self.plan.fault_ids.get(c.id, ())),
+            )
+        return RunRecord(
+            scenario=self.sc, seed=self.seed, end=self.now, events=self.events, jobs=self.jobs,
+            submitted=self._submitted, nodes=nodes, clients=clients, initial_peers=len(self.initial_peers),
+            intervals=self.intervals, wasted_gpu_s=self.wasted_gpu_s, capacity=self.capacity,
+            active_tenants=self.active_tenants, msgs=self.msgs, bytes=self.bytes, msg_kinds=self.msg_kinds,
+            bytes_kinds=Counter(), net_stats=self.net_stats, fault_targets=self.plan.fault_targets,
+        )
+
     def results(self) -> dict[str, Any]:
-        # the same metrics code: the unrun Simulator gets this loop's state
-        b = self.base
-        for name in ("nodes", "jobs", "intervals", "wasted_gpu_s", "capacity", "active_tenants", "_submitted",
-                     "msgs", "bytes", "msg_kinds", "net_stats", "events", "now", "initial_peers", "stop_at"):
-            setattr(b, name, getattr(self, name))
-        b._members = None
-        res = b.results()
+        res = report(self.record())
         res["policy"] = self.name
         return res
 

@@ -1,14 +1,18 @@
-"""The deterministic discrete-event loop that drives the sans-IO cores.
+"""The loop: a deterministic discrete-event loop that drives the sans-IO cores.
+
+A run is three parts. ``netsim.plan`` draws the swarm, its workload, churn
+and faults as data; this module's ``Simulator`` builds the cores from that
+plan and runs them; ``netsim.report`` turns the ``RunRecord`` the run
+leaves (``Simulator.record()``) into the results JSON. The baseline
+schedulers (``netsim.baselines``) build from the same plan and hand the
+same ``report`` their own record.
 
 One heap of ``(time, seq, kind, a, b, c)`` actions; ``seq`` is a global
 counter, so ties break in insertion order and a seed replays a run exactly.
 Every core's next deadline lives in the heap as a ``POLL`` action; a popped
 poll whose deadline is no longer the node's scheduled one is stale and
-skipped, so a step costs O(log events), not O(nodes).
-
-Randomness: one master ``random.Random(seed)``; every component (identities,
-each core, network, churn, workload) gets its own RNG seeded from it, in a
-fixed order. Nothing iterates a set or reads the wall clock.
+skipped, so a step costs O(log events), not O(nodes). Nothing iterates a
+set or reads the wall clock.
 """
 
 from __future__ import annotations
@@ -37,38 +41,25 @@ from fedswarm.core.events import (
     ShardDelivered,
     ShardFinished,
 )
-from fedswarm.core.identity import Identity
 from fedswarm.core.peer import PeerCore
 from fedswarm.errors import RemoteProtocolError
 from fedswarm.core.wire import VerifyCache, decode_unverified
 from fedswarm.profiles import Profile
 
-from .metrics import StepFn, jain, rho
-from .network import Partition
+from .metrics import StepFn
+from .plan import ClientPlan, PeerPlan, Plan, make_plan
+from .report import MSG_CLASS, JobRec, NodeRun, RunRecord, report
 from .scenario import Scenario
 from .workload import TraceJob
 
-__all__ = ["Simulator", "NodeRec", "JobRec"]
+__all__ = ["Simulator", "NodeRec", "JobRec", "MSG_CLASS"]
 
 MSG, POLL, FIN, SUBMIT, START, CRASH, LEAVE, LEAVE_END, JOIN, FORGET, RESCHED, HANG, RESUME = range(13)
+#: the plan's action kinds as the loop's
+_ACTION = {"start": START, "submit": SUBMIT, "crash": CRASH, "leave": LEAVE, "join": JOIN, "hang": HANG,
+           "resume": RESUME}
 CLIENT_RESCHED_S = 0.01  # a client's deadline is re-read at most this late after a message
 _FREEZE_EVERY = (1 << 20) - 1  # events between gc.freeze() calls (mask)
-
-
-#: which cost a message kind counts under in the results' message split
-MSG_CLASS = {
-    "Gossip": "gossip", "PeerState": "gossip",
-    "LeaseRenew": "leases", "LeaseAck": "leases", "LeaseRenewBatch": "leases", "LeaseAckBatch": "leases",
-}  # everything else (calls for bids, bids, awards, declines, cancels, results and their acks): scheduling
-
-
-def _split(kinds: Counter[str], peer_s: float) -> dict[str, float]:
-    """Messages (or bytes) per peer per second, by cost class."""
-    out = {"gossip": 0.0, "leases": 0.0, "scheduling": 0.0}
-    if peer_s > 0:
-        for kind, n in sorted(kinds.items()):
-            out[MSG_CLASS.get(kind, "scheduling")] += n / peer_s
-    return out
 
 
 @contextmanager
@@ -124,36 +115,22 @@ class NodeRec:
     deferred: list[tuple] = field(default_factory=list)  # FIN actions that fell in a hang (schedule() hangs)
 
 
-@dataclass(eq=False)
-class JobRec:
-    tj: TraceJob
-    submit_t: float = 0.0
-    submitted: bool = False
-    finish_t: float | None = None
-    ok: bool | None = None
-    delivered: dict[int, int] = field(default_factory=dict)  # shard -> deliveries
-    energy_j: float = 0.0
-    carbon_g: float = 0.0
-    gpu_s: float = 0.0
-    delivered_by: dict[int, tuple[str, int]] = field(default_factory=dict)  # shard -> (peer, attempt), first
-    holders: dict[int, dict[int, str]] | None = None  # shard -> attempt -> peer (taken before forget)
-
-
 class Simulator:
     def __init__(
-        self, scenario: Scenario, seed: int = 0, *, jobs: list[TraceJob] | None = None, fast: bool = True
+        self, scenario: Scenario, seed: int = 0, *, jobs: list[TraceJob] | None = None, fast: bool = True,
+        plan: Plan | None = None,
     ) -> None:
+        """``plan``: one made by ``netsim.plan.make_plan(scenario, seed, jobs=jobs)`` (made here if None)."""
+        if plan is None:
+            plan = make_plan(scenario, seed, jobs=jobs)
+        self.plan = plan
         self.sc = scenario
         self.seed = seed
-        master = random.Random(seed)
-        self.id_rng = random.Random(master.getrandbits(64))
-        self.core_rng = random.Random(master.getrandbits(64))
-        self.net_rng = random.Random(master.getrandbits(64))
-        self.churn_rng = random.Random(master.getrandbits(64))
-        self.place_rng = random.Random(master.getrandbits(64))
-        work_rng = random.Random(master.getrandbits(64))
-        self.net = replace(scenario.network, seed=master.getrandbits(64))
-        self.fault_rng = random.Random(master.getrandbits(64))
+        self.net_rng = random.Random()
+        self.net_rng.setstate(plan.net_rng_state)
+        self.churn_rng = random.Random()
+        self.churn_rng.setstate(plan.churn_rng_state)
+        self.net = plan.net
         self.cache = VerifyCache(capacity=1 << 18)
         self.fast = fast
         self.now = 0.0
@@ -180,158 +157,55 @@ class Simulator:
         self.stop_at = scenario.max_time_s
         self.all_done_t: float | None = None
 
-        # -- peers ------------------------------------------------------
-        self._region_names = sorted(scenario.regions)
-        self._region_w = [scenario.regions[r] for r in self._region_names]
-        order: list[NodeRec] = []
-        for g in scenario.swarm:
-            prof = scenario.profiles[g.profile]
-            for _ in range(g.count):
-                order.append(self._new_peer(prof, g.region))
-        self.boot = tuple(r.id for r in order[: max(scenario.bootstrap_peers, 1)])
-        for rec in order:
-            rec.core = self._peer_core(rec, self.boot)
-            self._push(self.place_rng.uniform(0, scenario.warmup_s / 2), START, rec, None, None)
-        self.initial_peers = sorted(r.id for r in order)
-
-        # -- partitions: side B per partition ------------------------------
-        self.part_b: list[frozenset[str] | None] = []
-        for p in self.net.partitions:
-            if p.regions:
-                self.part_b.append(None)
-            else:
-                ids = list(self.initial_peers)
-                random.Random(self.churn_rng.getrandbits(64)).shuffle(ids)
-                self.part_b.append(frozenset(ids[: int(round(p.fraction * len(ids)))]))
-
-        # -- workload and tenants ----------------------------------------
-        self.trace = list(jobs) if jobs is not None else scenario.jobs(work_rng)
-        self.jobs: dict[str, JobRec] = {}
+        # -- the plan's swarm, tenants, workload, faults -------------------
+        self.boot = plan.boot
+        for p in plan.peers:
+            self._add_peer(p, self.boot)
+        self.initial_peers = plan.initial_peers
+        self.part_b: list[frozenset[str] | None] = list(plan.part_b)
+        self.trace = plan.trace
+        self.jobs: dict[str, JobRec] = {j.job_id: JobRec(j) for j in self.trace}
         self.clients: dict[str, NodeRec] = {}  # tenant name -> rec
         self.tenant_of: dict[str, str] = {}  # client peer id -> tenant name
-        for tname in sorted({j.tenant for j in self.trace}):
-            self._add_client(tname)
-        for j in self.trace:
-            if j.job_id in self.jobs:
-                raise ValueError(f"duplicate job_id {j.job_id!r}")
-            self.jobs[j.job_id] = JobRec(j)
-            self._push(scenario.warmup_s + j.arrival_s, SUBMIT, j, None, None)
-
-        # -- churn ----------------------------------------------------------
-        ch = scenario.churn
-        n0 = len(self.initial_peers)
-        n_crash = int(round(ch.crash_fraction * n0))
-        n_leave = int(round(ch.leave_fraction * n0))
-        victims = self.churn_rng.sample(self.initial_peers, n_crash + n_leave)
-        for pid in victims[:n_crash]:
-            self._push(self.churn_rng.uniform(*ch.crash_window_s), CRASH, self.nodes[pid], None, None)
-        for pid in victims[n_crash:]:
-            self._push(self.churn_rng.uniform(*ch.leave_window_s), LEAVE, self.nodes[pid], None, None)
-        profs = [scenario.profiles[g.profile] for g in scenario.swarm]
-        weights = [g.count for g in scenario.swarm]
-        for _ in range(ch.join_count):
-            k = self.churn_rng.choices(range(len(profs)), weights=weights)[0]
-            self._push(self.churn_rng.uniform(*ch.join_window_s), JOIN, profs[k], scenario.swarm[k].region, None)
-
-        # -- injected faults ------------------------------------------------
-        self.fault_targets: list[tuple[str, ...]] = []
-        self.delay_faults: list[tuple[float, float, float, float, str]] = []
+        for c in plan.clients:
+            self._add_client(c)
+        self.fault_targets: list[tuple[str, ...]] = plan.fault_targets
+        self.delay_faults: list[tuple[float, float, float, float, str]] = plan.delay_faults
         self.fault_stats: Counter[str] = Counter()
         self.gc_tenant: dict[str, Counter[str]] = {}  # client id -> counters of GC at the peers
         self.lapsed_at: Counter[str] = Counter()  # peer id -> client polls that found its leases lapsed
-        if scenario.faults:
-            self._setup_faults()
+        for t, kind, subject, arg in plan.actions:
+            k = _ACTION[kind]
+            if k in (SUBMIT, JOIN):
+                self._push(t, k, subject, None, None)
+            else:
+                self._push(t, k, self.nodes[subject], arg, None)
 
     # ------------------------------------------------------------------
     # construction
 
-    def _identity(self) -> Identity:
-        return Identity.from_seed(self.id_rng.randbytes(32))
-
-    def _draw_region(self) -> str:
-        return self.place_rng.choices(self._region_names, weights=self._region_w)[0]
-
-    def _new_peer(self, prof: Profile, region: str) -> NodeRec:
-        idn = self._identity()
-        region = region or prof.region or self._draw_region()
-        rec = NodeRec(idn.peer_id, idn, True, region, prof, prof.name)
+    def _node(self, rec: NodeRec) -> NodeRec:
+        """File ``rec`` with the plan's faults for it."""
+        plan = self.plan
+        rec.windows = plan.windows.get(rec.id, ())
+        rec.offline = plan.offline.get(rec.id, ())
+        rec.fault_ids = list(plan.fault_ids.get(rec.id, ()))
         self.nodes[rec.id] = rec
         return rec
 
-    def _peer_core(self, rec: NodeRec, boot: tuple[str, ...]) -> PeerCore:
-        idn: Identity = rec.core
-        assert rec.profile is not None
-        cfg = rec.profile.peer_config(**{**self.sc.peer_overrides, "region": rec.region, "bootstrap": boot})
-        return PeerCore(idn, cfg, random.Random(self.core_rng.getrandbits(64)), verify_cache=self.cache)
+    def _add_peer(self, p: PeerPlan, boot: tuple[str, ...]) -> NodeRec:
+        rec = self._node(NodeRec(p.id, None, True, p.region, p.profile, p.profile.name))
+        cfg = p.profile.peer_config(**{**self.sc.peer_overrides, "region": p.region, "bootstrap": boot})
+        rec.core = PeerCore(p.identity, cfg, random.Random(p.core_seed), verify_cache=self.cache)
+        return rec
 
-    def _add_client(self, tname: str) -> NodeRec:
-        idn = self._identity()
+    def _add_client(self, c: ClientPlan) -> NodeRec:
         cfg = replace(self.client_cfg, bootstrap=self.boot)
-        core = ClientCore(idn, cfg, random.Random(self.core_rng.getrandbits(64)), verify_cache=self.cache)
-        rec = NodeRec(idn.peer_id, core, False, self._draw_region(), None, tname)
-        self.nodes[rec.id] = rec
-        self.clients[tname] = rec
-        self.tenant_of[rec.id] = tname
-        self._push(self.sc.warmup_s / 2, START, rec, None, None)
+        core = ClientCore(c.identity, cfg, random.Random(c.core_seed), verify_cache=self.cache)
+        rec = self._node(NodeRec(c.id, core, False, c.region, None, c.tenant))
+        self.clients[c.tenant] = rec
+        self.tenant_of[rec.id] = c.tenant
         return rec
-
-    def _setup_faults(self) -> None:
-        """Turn ``scenario.faults`` into targets, windows and scheduled actions.
-
-        Draws only from ``fault_rng`` (created after every older RNG), so a
-        scenario without faults replays exactly as before.
-        """
-        rng = self.fault_rng
-        n0 = len(self.initial_peers)
-        pool = list(self.initial_peers)
-        rng.shuffle(pool)  # peer faults take disjoint victims from this order
-        for i, f in enumerate(self.sc.faults):
-            targets: list[str] = []
-            if f.kind in ("crash", "hang", "slow"):
-                n = f.count if f.count is not None else int(round((f.fraction or 0.0) * n0))
-                n = min(n, len(pool))
-                targets, pool = sorted(pool[:n]), pool[n:]
-                for pid in targets:
-                    rec = self.nodes[pid]
-                    rec.fault_ids.append(i)
-                    if f.kind == "crash":
-                        self._push(rng.uniform(f.start_s, f.end_s), CRASH, rec, None, None)
-                    elif f.kind == "hang":
-                        rec.windows += ((f.start_s, f.end_s, 0.0),)
-                        self._push(f.start_s, HANG, rec, i, None)
-                        if f.end_s < math.inf:
-                            self._push(f.end_s, RESUME, rec, i, None)
-                    else:
-                        rec.windows += ((f.start_s, f.end_s, 1.0 / f.factor),)
-            elif f.kind == "partition":
-                self.net.partitions = self.net.partitions + (Partition(f.start_s, f.end_s, f.fraction or 0.0, f.regions),)
-                if f.regions:
-                    self.part_b.append(None)
-                    targets = [p for p in self.initial_peers if self.nodes[p].region in f.regions]
-                else:
-                    ids = list(self.initial_peers)
-                    random.Random(rng.getrandbits(64)).shuffle(ids)
-                    side = frozenset(ids[: int(round((f.fraction or 0.0) * n0))])
-                    self.part_b.append(side)
-                    targets = sorted(side)
-            elif f.kind == "delay":
-                self.delay_faults.append((f.start_s, f.end_s, f.fraction if f.fraction is not None else 1.0,
-                                          f.delay_s, f"delay{i}"))
-            elif f.kind == "client-disconnect":
-                names = sorted(self.clients)
-                if f.tenant:
-                    if f.tenant not in self.clients:
-                        raise ValueError(f"faults[{i}]: no tenant {f.tenant!r} in the workload (have {names})")
-                    chosen = [f.tenant]
-                else:
-                    n = f.count if f.count is not None else int(round((f.fraction or 0.0) * len(names)))
-                    chosen = sorted(rng.sample(names, min(n, len(names))))
-                for tname in chosen:
-                    rec = self.clients[tname]
-                    rec.offline += ((f.start_s, f.end_s),)
-                    rec.fault_ids.append(i)
-                    targets.append(rec.id)
-            self.fault_targets.append(tuple(targets))
 
     def _finish_at(self, rec: NodeRec, start: float, work: float) -> float:
         """When a run of ``work`` seconds started at ``start`` ends, given the
@@ -627,12 +501,10 @@ class Simulator:
         self._perform(rec, rec.core.hand_back_running(self.now))
         self._remove(rec, "left")
 
-    def _join(self, prof: Profile, region: str) -> None:
-        rec = self._new_peer(prof, region)
+    def _join(self, p: PeerPlan) -> None:
         live = [m for m in self.members() if self.nodes[m].is_peer and not self.nodes[m].leaving]
         boot = tuple(self.churn_rng.sample(live, min(len(live), max(self.sc.bootstrap_peers, 1))))
-        rec.core = self._peer_core(rec, boot)
-        self._start(rec)
+        self._start(self._add_peer(p, boot))
 
     def _submit(self, tj: TraceJob) -> None:
         rec = self.clients[tj.tenant]
@@ -726,7 +598,7 @@ class Simulator:
             elif kind == LEAVE_END:
                 self._leave_end(a)
             elif kind == JOIN:
-                self._join(a, b)
+                self._join(a)
             elif kind == FORGET:
                 self._harvest_holders(a, b)
                 a.core.forget(b)
@@ -799,203 +671,10 @@ class Simulator:
     # ------------------------------------------------------------------
     # results
 
-    def results(self) -> dict[str, Any]:
+    def record(self) -> RunRecord:
+        """What the run left, as ``netsim.report`` reads it."""
         end = self.now
-        sc = self.sc
-        jobs_out = []
-        lost = dup = completed_shards = 0
-        per_tenant_rho: dict[str, list[float]] = {}
-        per_tenant_jct: dict[str, list[float]] = {}
-        for jid in sorted(self.jobs):
-            j = self.jobs[jid]
-            tj = j.tj
-            j_lost = j_dup = j_done = 0
-            for s in range(tj.shards):
-                n = j.delivered.get(s, 0)
-                if n == 0:
-                    j_lost += 1 if j.submitted else 0
-                else:
-                    j_done += 1
-                    j_dup += n - 1
-            lost += j_lost
-            dup += j_dup
-            completed_shards += j_done
-            rec: dict[str, Any] = {
-                "job_id": jid,
-                "tenant": tj.tenant,
-                "kind": tj.kind,
-                "task": sc.task_of(tj.tenant),
-                "shards": tj.shards,
-                "gpus_per_shard": tj.gpus_per_shard,
-                "work_s": tj.duration_s,
-                "arrival_s": j.submit_t - sc.warmup_s if j.submitted else None,
-                "finished": j.finish_t is not None and bool(j.ok),
-                "shards_delivered": j_done,
-                "shards_lost": j_lost,
-                "shards_duplicated": j_dup,
-                "jct_s": None,
-                "rho": None,
-                "t_alone_s": None,
-                "tenants_avg": None,
-                "energy_j": j.energy_j,
-                "carbon_g": j.carbon_g,
-                "gpu_s": j.gpu_s,
-            }
-            if j.finish_t is not None and j.ok:
-                jct = j.finish_t - j.submit_t
-                cap = self.capacity.mean(j.submit_t, j.finish_t)
-                nten = max(self.active_tenants.mean(j.submit_t, j.finish_t), 1.0)
-                r, t_alone = rho(jct, tj.duration_s, tj.shards, tj.gpus_per_shard, tj.chain, cap, nten)
-                rec.update(jct_s=jct, rho=r, t_alone_s=t_alone, tenants_avg=nten)
-                per_tenant_rho.setdefault(tj.tenant, []).append(r)
-                per_tenant_jct.setdefault(tj.tenant, []).append(jct)
-            jobs_out.append(rec)
-
-        tenants = sorted(self.clients)
-        # GPU-seconds per tenant per bucket (completed runs only)
-        first = min((self.jobs[j].submit_t for j in self.jobs if self.jobs[j].submitted), default=0.0)
-        last = max((j.finish_t for j in self.jobs.values() if j.finish_t is not None), default=end)
-        makespan = max(last - first, 0.0) if self.jobs else 0.0
-        bucket = sc.sample_s if sc.sample_s > 0 else max(makespan / 50.0, 1.0)
-        nb = max(int(math.ceil(makespan / bucket)), 1) if makespan > 0 else 0
-        grid = {t: [0.0] * nb for t in tenants}
-        gpu_s_t = dict.fromkeys(tenants, 0.0)
-        for s0, s1, tname, g in self.intervals:
-            if tname in gpu_s_t:
-                gpu_s_t[tname] += (s1 - s0) * g
-            a, b = s0 - first, s1 - first
-            i = max(int(a // bucket), 0)
-            while i < nb and i * bucket < b:
-                lo, hi = max(a, i * bucket), min(b, (i + 1) * bucket)
-                if hi > lo and tname in grid:
-                    grid[tname][i] += (hi - lo) * g
-                i += 1
-        shares_t: dict[str, list[float]] = {t: [] for t in tenants}
-        window_jain = []
-        for i in range(nb):
-            tot = sum(grid[t][i] for t in tenants)
-            active = [t for t in tenants if grid[t][i] > 0]
-            for t in tenants:
-                shares_t[t].append(grid[t][i] / tot if tot > 0 else 0.0)
-            if len(active) >= 2:
-                window_jain.append(jain([grid[t][i] for t in active]))
-
-        mean_rho = {t: sum(v) / len(v) for t, v in per_tenant_rho.items()}
-        all_rho = [r for v in per_tenant_rho.values() for r in v]
-        all_jct = [x for v in per_tenant_jct.values() for x in v]
-
-        # energy: busy (power(level) * run time * gpus, incl. cancelled runs) + idle GPUs at idle_w
-        busy_e = idle_e = carbon = 0.0
-        slot_s = busy_s = peer_s = 0.0
-        floor_w = 0.0  # idle draw of the peers still up at the end
-        fates: Counter[str] = Counter()
-        msgs_peers = bytes_peers = 0
-        for pid in sorted(self.nodes):
-            r = self.nodes[pid]
-            if not r.is_peer or not r.started:
-                continue
-            assert r.profile is not None
-            t1 = r.end_t if r.end_t is not None else end
-            life = max(t1 - r.start_t, 0.0)
-            # runs still going at the end count up to `end`
-            for key in sorted(r.running):
-                _, st, e = r.running[key]
-                g = max(e.gpus, 1)
-                r_e = r.profile.power.power(e.level) * (end - st) * g
-                busy_e += r_e
-                carbon += r_e / 3.6e6 * r.profile.carbon_g_kwh
-                busy_s += (end - st) * g
-            idle = max(r.profile.slots * life - r.busy_gpu_s, 0.0) * r.profile.power.idle_w
-            if r.end_t is None:
-                floor_w += r.profile.slots * r.profile.power.idle_w
-            busy_e += r.busy_energy_j
-            idle_e += idle
-            carbon += (r.busy_energy_j + idle) / 3.6e6 * r.profile.carbon_g_kwh
-            slot_s += r.profile.slots * life
-            busy_s += r.busy_gpu_s
-            peer_s += life
-            fates[r.fate] += 1
-            msgs_peers += r.msgs
-            bytes_peers += r.bytes
-
-        core_stats: Counter[str] = Counter()
-        rejected: Counter[str] = Counter()
-        for pid in sorted(self.nodes):
-            r = self.nodes[pid]
-            core_stats.update(r.core.stats)
-            rejected.update(r.core.rejected)
-
-        summary = {
-            "jobs_submitted": self._submitted,
-            "jobs_completed": sum(1 for j in self.jobs.values() if j.finish_t is not None and j.ok),
-            "jobs_failed": sum(1 for j in self.jobs.values() if j.finish_t is not None and not j.ok),
-            "shards_submitted": sum(j.tj.shards for j in self.jobs.values() if j.submitted),
-            "shards_completed": completed_shards,
-            "shards_lost": lost,
-            "shards_duplicated": dup,
-            "jain_index": jain(list(mean_rho.values())),
-            "jain_share_index": (sum(window_jain) / len(window_jain)) if window_jain else 1.0,
-            "max_rho": max(all_rho) if all_rho else None,
-            "mean_rho": (sum(all_rho) / len(all_rho)) if all_rho else None,
-            "mean_jct_s": (sum(all_jct) / len(all_jct)) if all_jct else None,
-            "makespan_s": makespan,
-            "sim_time_s": end,
-            "utilization": busy_s / slot_s if slot_s > 0 else 0.0,
-            "energy_j": busy_e + idle_e,
-            "energy_busy_j": busy_e,
-            "energy_idle_j": idle_e,
-            "idle_floor_w": floor_w,
-            "carbon_g": carbon,
-            "wasted_gpu_s": self.wasted_gpu_s,
-            "msgs_per_peer_s": self.msgs / peer_s if peer_s > 0 else 0.0,
-            "bytes_per_peer_s": self.bytes / peer_s if peer_s > 0 else 0.0,
-            "msgs_per_peer_s_split": _split(self.msg_kinds, peer_s),
-            "bytes_per_peer_s_split": _split(self.bytes_kinds, peer_s),
-            "events": self.events,
-        }
-        return {
-            "scenario": sc.name,
-            "seed": self.seed,
-            "summary": summary,
-            "jobs": jobs_out,
-            "tenants": {
-                t: {
-                    "jobs": sum(1 for j in self.jobs.values() if j.tj.tenant == t),
-                    "mean_rho": mean_rho.get(t),
-                    "max_rho": max(per_tenant_rho[t]) if t in per_tenant_rho else None,
-                    "mean_jct_s": (sum(per_tenant_jct[t]) / len(per_tenant_jct[t])) if t in per_tenant_jct else None,
-                    "gpu_s": gpu_s_t[t],
-                }
-                for t in tenants
-            },
-            "shares_over_time": {"bucket_s": bucket, "t_s": [i * bucket for i in range(nb)], "tenants": shares_t},
-            "peers": {
-                "initial": len(self.initial_peers),
-                "joined": sum(1 for r in self.nodes.values() if r.is_peer) - len(self.initial_peers),
-                "crashed": fates["crashed"],
-                "left": fates["left"],
-                "live_at_end": fates["live"],
-                "profiles": dict(sorted(Counter(r.name for r in self.nodes.values() if r.is_peer).items())),
-            },
-            "network": {
-                "msgs": self.msgs,
-                "bytes": self.bytes,
-                "msgs_by_peers": msgs_peers,
-                "bytes_by_peers": bytes_peers,
-                "by_kind": dict(sorted(self.msg_kinds.items())),
-                **{k: v for k, v in sorted(self.net_stats.items())},
-            },
-            "core_stats": dict(sorted(core_stats.items())),
-            "core_rejected": dict(sorted(rejected.items())),
-            "faults": self._faults_results(end),
-        }
-
-    def _faults_results(self, end: float) -> dict[str, Any]:
-        """What was injected and what it did: shards the targets held and
-        that were re-run elsewhere, messages eaten, and the garbage
-        collection on both sides (peers: abandoned leases and undeliverable
-        results, per node and per tenant; clients: lapsed leases and
-        deduplicated results)."""
+        nodes = {pid: self._node_run(r, end) for pid, r in self.nodes.items()}
         holders: dict[str, dict[int, dict[int, str]]] = {}
         for jid in sorted(self.jobs):
             j = self.jobs[jid]
@@ -1005,79 +684,29 @@ class Simulator:
                 cj = getattr(self.clients[j.tj.tenant].core, "jobs", {}).get(jid)
                 if cj is not None:
                     holders[jid] = {sh.index: dict(sh.holders) for sh in cj.shards}
-        injected = []
-        for i, f in enumerate(self.sc.faults):
-            tg = set(self.fault_targets[i]) if i < len(self.fault_targets) else set()
-            d = f.describe()
-            d["targets"] = len(tg)
-            if f.kind in ("crash", "hang", "slow"):
-                held = rerun = by_targets = reawarded = 0
-                rerun_by: dict[str, int] = {}
-                for jid, hs in holders.items():
-                    for shard, att in hs.items():
-                        mine = {(p, a) for a, p in att.items() if p in tg}
-                        if not mine:
-                            continue
-                        held += 1
-                        if any(p not in tg and a > min(x[1] for x in mine) for a, p in att.items()):
-                            reawarded += 1  # a later attempt went to a peer outside the fault
-                        got = self.jobs[jid].delivered_by.get(shard)
-                        if got is not None and got not in mine:
-                            rerun += 1
-                            task = self.sc.task_of(self.jobs[jid].tj.tenant)
-                            rerun_by[task] = rerun_by.get(task, 0) + 1
-                        elif got is not None:
-                            by_targets += 1
-                d.update(shards_held=held, shards_reawarded=reawarded, shards_rerun=rerun,
-                         lapses=sum(self.lapsed_at[p] for p in tg),
-                         shards_rerun_by_task=dict(sorted(rerun_by.items())), shards_delivered_by_targets=by_targets)
-            if f.kind == "client-disconnect":
-                d["tenants"] = sorted(self.tenant_of[c] for c in tg)
-            injected.append(d)
-        nodes: dict[str, Any] = {}
-        gc: Counter[str] = Counter()
+        return RunRecord(
+            scenario=self.sc, seed=self.seed, end=end, events=self.events, jobs=self.jobs,
+            submitted=self._submitted, nodes=nodes, clients={t: nodes[c.id] for t, c in self.clients.items()},
+            initial_peers=len(self.initial_peers), intervals=self.intervals, wasted_gpu_s=self.wasted_gpu_s,
+            capacity=self.capacity, active_tenants=self.active_tenants, msgs=self.msgs, bytes=self.bytes,
+            msg_kinds=self.msg_kinds, bytes_kinds=self.bytes_kinds, net_stats=self.net_stats, holders=holders,
+            fault_targets=self.fault_targets, fault_stats=self.fault_stats, gc_tenant=self.gc_tenant,
+            lapsed_at=self.lapsed_at,
+        )
+
+    @staticmethod
+    def _node_run(r: NodeRec, end: float) -> NodeRun:
         stale = 0
-        for pid in sorted(self.nodes):
-            r = self.nodes[pid]
-            st = r.core.stats
-            if r.is_peer:
-                row = {k: st[k] for k in ("leases_abandoned", "results_undelivered", "leases_revoked") if st[k]}
-                if self.lapsed_at[pid]:
-                    row["lapses"] = self.lapsed_at[pid]
-                if r.alive and not r.hung:
-                    grace = r.core.config.lease_grace_s
-                    n = sum(1 for lease in r.core.leases.values() if end - lease.last_ack_at > grace + 1.0)
-                    stale += n
-                    if n:
-                        row["stale_leases"] = n
-            else:
-                row = {k: st[k] for k in ("leases_lapsed", "results_duplicate", "renewals_unknown") if st[k]}
-            for k, v in row.items():
-                gc[k] += v
-            if row or r.fault_ids:
-                row["faults"] = [self.sc.faults[i].kind for i in r.fault_ids]
-                row["role"] = f"client:{r.name}" if not r.is_peer else f"peer:{r.name}"
-                row["fate"] = r.fate if r.fate != "live" else ("hung" if r.hung else "live")
-                nodes[pid] = row
-        tenants = {}
-        for tname in sorted(self.clients):
-            c = self.clients[tname]
-            g = self.gc_tenant.get(c.id, Counter())
-            tenants[tname] = {
-                "task": self.sc.task_of(tname),
-                "leases_abandoned": g["leases_abandoned"],
-                "results_undelivered": g["results_undelivered"],
-                "leases_lapsed": c.core.stats["leases_lapsed"],
-                "results_duplicate": c.core.stats["results_duplicate"],
-            }
-        counts = {k: v for k, v in sorted(self.fault_stats.items())}
-        for k in ("to_hung", "client_offline", "delayed", "partitioned", "lost", "duplicated"):
-            counts[f"msgs_{k}"] = self.net_stats[k]
-        return {
-            "injected": injected,
-            "counts": counts,
-            "gc": {k: gc[k] for k in ("leases_abandoned", "results_undelivered", "leases_revoked", "leases_lapsed",
-                                      "results_duplicate", "renewals_unknown")} | {"stale_leases_at_end": stale},
-            "tenants": tenants,
-            "nodes": nodes,
-        }
+        if r.is_peer and r.alive and not r.hung:
+            grace = r.core.config.lease_grace_s
+            stale = sum(1 for lease in r.core.leases.values() if end - lease.last_ack_at > grace + 1.0)
+        return NodeRun(
+            id=r.id, is_peer=r.is_peer, name=r.name, profile=r.profile, started=r.started, start_t=r.start_t,
+            end_t=r.end_t, fate=r.fate, hung=r.hung, busy_gpu_s=r.busy_gpu_s, busy_energy_j=r.busy_energy_j,
+            msgs=r.msgs, bytes=r.bytes,
+            open_runs=[(r.running[k][1], r.running[k][2].gpus, r.running[k][2].level) for k in sorted(r.running)],
+            stats=r.core.stats, rejected=r.core.rejected, stale_leases=stale, fault_ids=r.fault_ids,
+        )
+
+    def results(self) -> dict[str, Any]:
+        return report(self.record())
