@@ -32,7 +32,7 @@ import trio
 
 from .core.client import ClientCore, JobRequest
 from .core.config import ClientConfig
-from .core.events import Effect, JobFinished, ShardDelivered
+from .core.events import CancelJob, Effect, JobAccepted, JobFinished, ShardDelivered, Submit
 from .core.identity import Identity
 from .errors import JobCancelled, JobFailed, JobTimeout, PeerUnreachable
 from .runtime.agent import Agent, WallClock
@@ -108,6 +108,19 @@ class JobHandle:
     def done(self) -> int:
         return len(self.outputs)
 
+    def record(self, e: ShardDelivered | JobFinished) -> None:
+        """Take a delivered shard (the first per shard counts) or the job's end."""
+        if isinstance(e, ShardDelivered):
+            if e.shard in self.outputs:
+                return
+            self.outputs[e.shard] = ShardOutput(
+                e.job_id, e.shard, e.peer, e.attempt, _decode_result(e.result), e.energy_j, e.gpu_s
+            )
+        else:
+            self.finished = True
+            self.error = None if e.ok else (e.error or "failed")
+        self._changed()
+
     def _changed(self) -> None:
         self._event.set()
         self._event = trio.Event()
@@ -149,7 +162,7 @@ class JobHandle:
         raise JobFailed(f"job {self.job_id}: {self.error}")
 
     async def cancel(self) -> None:
-        self._client.agent.call(lambda now: self._client.core.cancel(now, self.job_id))
+        self._client.agent.feed(CancelJob(self.job_id))
 
 
 class Client:
@@ -165,19 +178,10 @@ class Client:
         return self.core.id
 
     def _on_effect(self, e: Effect) -> None:
-        if isinstance(e, ShardDelivered):
-            h = self.jobs.get(e.job_id)
-            if h is not None and e.shard not in h.outputs:
-                h.outputs[e.shard] = ShardOutput(
-                    e.job_id, e.shard, e.peer, e.attempt, _decode_result(e.result), e.energy_j, e.gpu_s
-                )
-                h._changed()
-        elif isinstance(e, JobFinished):
+        if isinstance(e, (ShardDelivered, JobFinished)):
             h = self.jobs.get(e.job_id)
             if h is not None:
-                h.finished = True
-                h.error = None if e.ok else (e.error or "failed")
-                h._changed()
+                h.record(e)
 
     async def wait_for_peers(self, n: int = 1, timeout: float = 10.0) -> int:
         """Wait until the client's view holds ``n`` live peers."""
@@ -190,7 +194,8 @@ class Client:
         return have
 
     async def submit(self, req: JobRequest) -> JobHandle:
-        job_id = self.agent.call(lambda now: self.core.submit(now, req))
+        effects = self.agent.feed(Submit(req))
+        job_id = next(e.job_id for e in effects if isinstance(e, JobAccepted))
         handle = JobHandle(job_id, req.shards, self)
         self.jobs[job_id] = handle
         return handle

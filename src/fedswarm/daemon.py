@@ -34,7 +34,7 @@ from typing import Any, Callable
 import msgpack
 import trio
 
-from .core.events import RunShard, SetLevel, ShardFinished
+from .core.events import Input, RunShard, SetLevel, SetPower, SetThroughput, ShardFinished
 from .core.identity import Identity, load_or_create_key
 from .core.peer import PeerCore
 from .core.runs import Runs, run_key
@@ -286,6 +286,9 @@ class ExecutorRunner:
         self.executor = executor
         self.core = core
         self.clock = clock
+        #: hands the core its measurements (``SetPower``, ``SetThroughput``;
+        #: they yield no effects): the agent's ``feed`` once there is one
+        self.feed: Callable[[Input], object] = lambda inp: core.handle(time.time(), inp)
         #: the running shards' levels and joules at earlier levels
         self.runs = Runs(lambda level: self.core.config.power.power(level), per_gpu=False)
 
@@ -295,7 +298,7 @@ class ExecutorRunner:
             self.executor.set_level(want)
         # the draw the peer gossips: the power model at the running level, idle when nothing runs
         pm = self.core.config.power
-        self.core.set_power(pm.power(want) if self.runs else pm.idle_w)
+        self.feed(SetPower(pm.power(want) if self.runs else pm.idle_w))
 
     def set_level(self, eff: SetLevel) -> None:
         if self.runs.set_level(self.clock(), eff) is not None:
@@ -315,7 +318,7 @@ class ExecutorRunner:
             energy = ended.energy_j if ended is not None else 0.0
         thr = self.executor.throughput().get(eff.task)
         if thr:
-            self.core.set_throughput(eff.task, thr)
+            self.feed(SetThroughput(eff.task, thr))
         result = msgpack.packb(res.result, use_bin_type=True)
         return ShardFinished(eff.tenant, eff.job_id, eff.shard, eff.attempt, True, result, run_s=res.wall_seconds, energy_j=energy)
 
@@ -436,6 +439,7 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
         else:
             runner = ExecutorRunner(ShardExecutor(slots=config.slots), core)
         agent = Agent(core, transport, runner=runner)
+        runner.feed = agent.feed
         agent.bootstrap_state = dialer.status  # type: ignore[attr-defined]  # /status "bootstrap"
         serving = None
         # signals are caught before readiness is announced: a SIGTERM right

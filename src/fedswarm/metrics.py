@@ -33,7 +33,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .core.fairness import alone_time, estimate_rho
 from .core.peer import LeaseState, PeerCore
 from .runtime.agent import Agent
 
@@ -134,17 +133,8 @@ class Telemetry:
 
 def tenant_rho(core: PeerCore, now: float) -> dict[str, float]:
     """Each tenant's worst estimated finish-time fairness among the shards
-    it has here: time so far plus the work left, over its time alone on a
-    fair share of the swarm."""
-    ctx = core._context(now)
-    out: dict[str, float] = {}
-    for (tenant, _job, _shard, _att), lease in core.leases.items():
-        job = lease.job
-        t_alone = alone_time(job.work_s, job.shards, job.gpus, job.chain, ctx.swarm_slots, ctx.tenants)
-        left = core._remaining(lease, now)
-        r = estimate_rho(now - job.submitted_at, left, t_alone)
-        out[tenant] = round(max(out.get(tenant, 0.0), r), 3)
-    return out
+    it has here (``PeerCore.rho_by_tenant``)."""
+    return core.rho_by_tenant(now)
 
 
 class PeerCollector(Collector):
@@ -196,7 +186,7 @@ class PeerCollector(Collector):
         g.add_metric([], max(running, default=0.0))
         yield g
         g = GaugeMetricFamily("fedswarm_slots_busy_ratio", "Share of this peer's slots running shards")
-        g.add_metric([], min(core._busy_slots / max(core.config.slots, 1), 1.0))
+        g.add_metric([], min(core.busy_slots / max(core.config.slots, 1), 1.0))
         yield g
         g = GaugeMetricFamily("fedswarm_backlog_seconds", "Queued and running work per slot")
         g.add_metric([], core.backlog_s)
@@ -312,7 +302,7 @@ def status_json(agent: Agent, *, llm: Any = None, telemetry: Telemetry | None = 
         running = [lease.level for lease in core.leases.values() if lease.state == LeaseState.RUNNING]
         slots_busy = (len(s.free_s) - sum(1 for x in s.free_s if x <= 0.0)) if s.free_s else None
         if mine:
-            slots_busy = core._busy_slots
+            slots_busy = core.busy_slots
         peers.append(
             {
                 "peer": e.peer,
@@ -438,7 +428,7 @@ def make_app(agent: Agent, *, llm: Any = None, event_interval_s: float = 1.0, ho
             while True:
                 core = agent.core
                 assert isinstance(core, PeerCore), "the dashboard is a serving peer's"
-                key = (core.view._version, len(core.leases), len(core.outbox), core.stats["shards_run"],
+                key = (core.view.version, len(core.leases), len(core.outbox), core.stats["shards_run"],
                        len(llm.sessions) if llm is not None else 0, len(telemetry.history))
                 t = time.monotonic()
                 # news goes out at once but at most twice a second (a big

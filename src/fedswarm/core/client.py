@@ -68,7 +68,19 @@ from typing import Any, Mapping
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
-from .events import TOPIC_ACCUSATIONS, Effect, Input, JobFinished, MessageReceived, Publish, Send, ShardDelivered
+from .events import (
+    TOPIC_ACCUSATIONS,
+    CancelJob,
+    Effect,
+    Input,
+    JobAccepted,
+    JobFinished,
+    MessageReceived,
+    Publish,
+    Send,
+    ShardDelivered,
+    Submit,
+)
 from .fairness import deadline_left, run_time
 from .identity import Identity
 from .node import Node, smooth_rtt
@@ -298,8 +310,18 @@ class ClientCore(Node):
         want = self.config.pull_entries
         return [self._gossip_to(now, b, reply=True, entries=0, want=want) for b in self.config.bootstrap]
 
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return (TOPIC_ACCUSATIONS,)
+
+    @property
+    def idle(self) -> bool:
+        """No job unfinished."""
+        return not self._active
+
     def submit(self, now: float, req: JobRequest) -> tuple[str, list[Effect]]:
-        """Sign and open a job; returns its id and the first effects."""
+        """Sign and open a job; returns its id and the first effects (the
+        thin form of ``handle(now, Submit(req))``, without ``JobAccepted``)."""
         if req.shards < 1:
             raise LocalProtocolError("bad-job", "a job needs at least one shard")
         self._counter += 1
@@ -332,6 +354,7 @@ class ClientCore(Node):
         return job_id, pull + self._advance(now, self.jobs[job_id])
 
     def cancel(self, now: float, job_id: str) -> list[Effect]:
+        """``handle(now, CancelJob(job_id))``."""
         job = self.jobs.get(job_id)
         if job is None or job.finished:
             return []
@@ -343,6 +366,11 @@ class ClientCore(Node):
 
     def handle(self, now: float, inp: Input) -> list[Effect]:
         if not isinstance(inp, MessageReceived):
+            if isinstance(inp, Submit):
+                job_id, effects = self.submit(now, inp.req)
+                return [JobAccepted(job_id), *effects]
+            if isinstance(inp, CancelJob):
+                return self.cancel(now, inp.job_id)
             raise LocalProtocolError("bad-input", type(inp).__name__)
         signed = self._receive(now, inp.sender, inp.data)
         if signed is None:
@@ -630,7 +658,7 @@ class ClientCore(Node):
             sh.round = rid
         cfb = CallForBids(job.raw, shards, rid)
         data = self._encode(cfb, now)
-        out.extend(Send(p, data, "CallForBids") for p in invited)
+        out.extend(Send(p, data, "CallForBids", self._addrs_of(p)) for p in invited)
         self.stats["cfb_sent"] += len(invited)
         self.stats["rounds"] += 1
         return out

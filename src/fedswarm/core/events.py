@@ -1,10 +1,17 @@
 """The vocabulary between the sans-IO cores and the worlds that drive them.
 
-Inputs are past-tense facts handed to ``PeerCore.handle`` /
+Inputs are facts and requests handed to ``PeerCore.handle`` /
 ``ClientCore.handle``; effects are imperatives the driver performs (the trio
 runtime over a real transport, or netsim's event loop). Nothing here does I/O.
+Every core satisfies ``core.contract.Core``.
 
-Driving contract (both cores)::
+Inputs: from the network and the executor (``MessageReceived``,
+``ShardFinished``), from the operator (``Leave``, ``HandBackRunning``), from
+the executor's measurements (``SetThroughput``, ``SetPower``), from the LLM
+server (``SetSpans``), and from the tenant (``Submit``, ``CancelJob``). A core
+refuses an input it has no use for (``LocalProtocolError("bad-input")``).
+
+Driving contract (all cores)::
 
     effects = core.start(now)
     loop:
@@ -18,12 +25,22 @@ Driving contract (both cores)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import JobRequest
 
 __all__ = [
     "Input",
     "MessageReceived",
     "ShardFinished",
     "Leave",
+    "HandBackRunning",
+    "SetThroughput",
+    "SetPower",
+    "SetSpans",
+    "Submit",
+    "CancelJob",
     "Effect",
     "Send",
     "Publish",
@@ -31,6 +48,7 @@ __all__ = [
     "CancelShard",
     "SetLevel",
     "ShardDelivered",
+    "JobAccepted",
     "JobFinished",
     "TOPIC_PEERS",
     "TOPIC_ACCUSATIONS",
@@ -75,6 +93,47 @@ class Leave(Input):
     """Graceful shutdown requested: stop bidding, hand back queued shards."""
 
 
+@dataclass(frozen=True, slots=True)
+class HandBackRunning(Input):
+    """Peer: the leave's grace period is over; give back the shards still running."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetThroughput(Input):
+    """Peer: the executor measured its speed for a task kind (1.0: the reference)."""
+
+    kind: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetPower(Input):
+    """Peer: the device now draws ``now_w`` watts (gossiped in the peer's state)."""
+
+    now_w: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetSpans(Input):
+    """Peer: the LLM block spans this peer serves now (``core.spans.Span``s)."""
+
+    spans: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Input):
+    """Client: open a job. Its effects begin with ``JobAccepted`` (the job's id)."""
+
+    req: JobRequest
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob(Input):
+    """Client: cancel a job (its holders are told to stop; ``JobFinished`` follows)."""
+
+    job_id: str
+
+
 class Effect:
     """Base class of effects."""
 
@@ -83,11 +142,17 @@ class Effect:
 
 @dataclass(frozen=True, slots=True)
 class Send(Effect):
-    """Deliver ``data`` to peer ``to`` (best effort). ``kind`` is for metrics."""
+    """Deliver ``data`` to peer ``to`` (best effort). ``kind`` is for metrics.
+
+    ``addrs``: where ``to`` says it can be dialled (its signed state in the
+    core's view; empty when the view has none), for a transport that needs
+    addresses to reach a peer it is not connected to.
+    """
 
     to: str
     data: bytes
     kind: str
+    addrs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +221,13 @@ class ShardDelivered(Effect):
     energy_j: float
     carbon_g: float
     gpu_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobAccepted(Effect):
+    """Client side: a ``Submit`` opened job ``job_id`` (the first effect it returns)."""
+
+    job_id: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,7 +144,12 @@ class Node:
         return encode(msg, self.identity if msg.SIGNED else None, issued_at=now, nonce=self.rng.getrandbits(63))
 
     def _send(self, to: str, msg: Message, now: float) -> Send:
-        return Send(to, self._encode(msg, now), type(msg).__name__)
+        return Send(to, self._encode(msg, now), type(msg).__name__, self._addrs_of(to))
+
+    def _addrs_of(self, peer: str) -> tuple[str, ...]:
+        """Where ``peer`` says it can be dialled (its state in the view)."""
+        e = self.view.get(peer)
+        return e.state.addrs if e is not None else ()
 
     # -- receiving ---------------------------------------------------------
 
@@ -221,7 +226,7 @@ class Node:
         picked = self.view.sample_for_gossip(min(entries, MAX_GOSSIP_REPLY), self.rng, now, exclude=to)
         raws = ([own] if own is not None else []) + [e.raw for e in picked]
         self.stats["gossip_sent"] += 1
-        return Send(to, self._encode(Gossip(tuple(raws), reply, want), now), "Gossip")
+        return Send(to, self._encode(Gossip(tuple(raws), reply, want), now), "Gossip", self._addrs_of(to))
 
     def is_trusted(self, peer: str) -> bool:
         e = self.view.get(peer)

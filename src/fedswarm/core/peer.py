@@ -71,9 +71,11 @@ from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import PeerConfig
 from .energy import DEADLINE_MARGIN, choose_level
 from .events import (
+    TOPIC_ACCUSATIONS,
     TOPIC_PEERS,
     CancelShard,
     Effect,
+    HandBackRunning,
     Input,
     Leave,
     MessageReceived,
@@ -81,6 +83,9 @@ from .events import (
     RunShard,
     Send,
     SetLevel,
+    SetPower,
+    SetSpans,
+    SetThroughput,
     ShardFinished,
 )
 from .fairness import alone_time, deadline_left, estimate_rho, priority, run_time
@@ -250,13 +255,22 @@ class PeerCore(Node):
             if b != self.id
         ]
 
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return (TOPIC_PEERS, TOPIC_ACCUSATIONS)
+
     def handle(self, now: float, inp: Input) -> list[Effect]:
         if isinstance(inp, MessageReceived):
             return self._on_message(now, inp)
         if isinstance(inp, ShardFinished):
             return self._on_finished(now, inp)
+        if isinstance(inp, (SetThroughput, SetPower, SetSpans)):
+            self._on_setting(inp)
+            return []
         if isinstance(inp, Leave):
             return self._on_leave(now)
+        if isinstance(inp, HandBackRunning):
+            return self._hand_back_running(now)
         raise LocalProtocolError("bad-input", type(inp).__name__)
 
     def poll(self, now: float) -> list[Effect]:
@@ -345,15 +359,54 @@ class PeerCore(Node):
         """No lease, no undelivered result, not leaving: gossip may go quiet."""
         return not self.leases and not self.outbox and not self.leaving
 
+    def _on_setting(self, inp: SetThroughput | SetPower | SetSpans) -> None:
+        """A measurement or setting from the executor or the LLM server (it
+        enters the next signed state; no effects)."""
+        if isinstance(inp, SetThroughput):
+            self.throughput[inp.kind] = inp.value
+        elif isinstance(inp, SetPower):
+            self.now_w = inp.now_w
+        else:
+            self.spans = inp.spans
+
+    # thin forms of inputs, for callers outside the runtime that call them
+    # directly (netsim, the LLM server); each does what ``handle`` of its input does
+
     def set_throughput(self, kind: str, value: float) -> None:
-        """Executor feedback: measured speed for a task kind (1.0 = reference)."""
-        self.throughput[kind] = value
+        """``SetThroughput(kind, value)``: the executor's measured speed."""
+        self._on_setting(SetThroughput(kind, value))
 
     def set_power(self, now_w: float) -> None:
-        self.now_w = now_w
+        """``SetPower(now_w)``."""
+        self._on_setting(SetPower(now_w))
 
     def set_spans(self, spans: tuple[Any, ...]) -> None:
-        self.spans = spans
+        """``SetSpans(spans)``."""
+        self._on_setting(SetSpans(spans))
+
+    def rho_by_tenant(self, now: float) -> dict[str, float]:
+        """Each tenant's worst estimated finish-time fairness among the
+        shards it has here: time so far plus the work left, over its time
+        alone on a fair share of the swarm (rounded to 3 places)."""
+        ctx = self._context(now)
+        out: dict[str, float] = {}
+        for (tenant, _job, _shard, _att), lease in self.leases.items():
+            job = lease.job
+            t_alone = alone_time(job.work_s, job.shards, job.gpus, job.chain, ctx.swarm_slots, ctx.tenants)
+            left = self._remaining(lease, now)
+            r = estimate_rho(now - job.submitted_at, left, t_alone)
+            out[tenant] = round(max(out.get(tenant, 0.0), r), 3)
+        return out
+
+    @property
+    def busy_slots(self) -> int:
+        """Slots the running shards occupy here."""
+        return self._busy_slots
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of this peer's latest signed state."""
+        return self._seq
 
     @property
     def backlog_s(self) -> float:
@@ -993,7 +1046,11 @@ class PeerCore(Node):
         return out
 
     def hand_back_running(self, now: float) -> list[Effect]:
-        """Grace period over: give back shards still running (driver calls it)."""
+        """``handle(now, HandBackRunning())``."""
+        return self.handle(now, HandBackRunning())
+
+    def _hand_back_running(self, now: float) -> list[Effect]:
+        """Grace period over: give back shards still running."""
         out: list[Effect] = []
         for lease in list(self.leases.values()):
             t, j, s, a = lease.key

@@ -90,6 +90,12 @@ class View:
     def __contains__(self, peer: str) -> bool:
         return peer in self._entries
 
+    @property
+    def version(self) -> int:
+        """Changes whenever an entry is added, replaced or removed (a cheap
+        test of whether the view changed)."""
+        return self._version
+
     def get(self, peer: str) -> ViewEntry | None:
         return self._entries.get(peer)
 

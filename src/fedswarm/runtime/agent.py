@@ -3,8 +3,8 @@
 ``serve_core`` is the only event loop of a peer or client: it feeds what the
 transport delivers and what the executor finishes into the core, performs
 the effects the core returns, and sleeps until the core's next deadline.
-The same loop drives ``PeerCore`` (daemon, tests) and ``ClientCore``
-(``fedswarm.client``).
+The same loop drives any ``core.contract.Core``: ``PeerCore`` (daemon,
+tests) and ``ClientCore`` (``fedswarm.client``).
 
 Concurrency: one nursery per agent. Sends run as short tasks bounded by a
 ``trio.CapacityLimiter`` so a slow or dead peer never stalls the loop; each
@@ -22,24 +22,20 @@ from typing import Any, Callable, Protocol
 
 import trio
 
-from ..core.client import ClientCore
+from ..core.contract import Core
 from ..core.events import (
-    TOPIC_ACCUSATIONS,
-    TOPIC_PEERS,
     CancelShard,
     Effect,
+    HandBackRunning,
     Input,
-    JobFinished,
     Leave,
     MessageReceived,
     Publish,
     RunShard,
     Send,
     SetLevel,
-    ShardDelivered,
     ShardFinished,
 )
-from ..core.peer import PeerCore
 from ..core.runs import RunKey, run_key
 from ..errors import TransportError
 from .ports import Transport
@@ -86,7 +82,7 @@ class Agent:
     """Drives one core over one transport.
 
     Args:
-        core: a ``PeerCore`` or ``ClientCore``.
+        core: any ``Core`` (a ``PeerCore`` or ``ClientCore``).
         transport: any ``runtime.ports.Transport``.
         runner: executes ``RunShard`` effects (peers only).
         clock: object with ``now()``; ``WallClock`` by default.
@@ -96,7 +92,7 @@ class Agent:
 
     def __init__(
         self,
-        core: PeerCore | ClientCore,
+        core: Core,
         transport: Transport,
         *,
         runner: ShardRunner | None = None,
@@ -115,7 +111,7 @@ class Agent:
         self._send_limiter = trio.CapacityLimiter(max_concurrent_sends)
         #: the cancel scope of each shard running here (by ``core.runs.run_key``)
         self._running: dict[RunKey, trio.CancelScope] = {}
-        self._addr_seq: dict[str, int] = {}
+        self._addrs: dict[str, tuple[str, ...]] = {}  # what the transport was told per peer
         self._sends_in_flight = 0
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
@@ -131,28 +127,19 @@ class Agent:
     def now(self) -> float:
         return float(self.clock.now())
 
-    def feed(self, inp: Input) -> None:
-        """Hand an input to the core and perform its effects (sync, no await)."""
-        self._perform(self.core.handle(self.now(), inp))
-
-    def call(self, fn: Callable[[float], Any]) -> Any:
-        """Run ``fn(now)`` against the core (e.g. ``client.submit``) and
-        perform the effects it returns. ``fn`` returns effects, or a tuple
-        whose last item is the effects."""
-        res = fn(self.now())
-        if isinstance(res, tuple):
-            self._perform(res[-1])
-            return res[0] if len(res) == 2 else res[:-1]
-        self._perform(res)
-        return None
+    def feed(self, inp: Input) -> list[Effect]:
+        """Hand an input to the core and perform its effects (sync, no await).
+        Returns the effects (e.g. the ``JobAccepted`` of a ``Submit``)."""
+        effects = self.core.handle(self.now(), inp)
+        self._perform(effects)
+        return effects
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled (or ``stop()``)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            if isinstance(self.core, PeerCore):
-                await self.transport.subscribe(TOPIC_PEERS)
-            await self.transport.subscribe(TOPIC_ACCUSATIONS)
+            for topic in self.core.topics:
+                await self.transport.subscribe(topic)
             self._perform(self.core.start(self.now()))
             nursery.start_soon(self._receive_loop)
             nursery.start_soon(self._timer_loop)
@@ -165,17 +152,16 @@ class Agent:
         self._stopped.set()
 
     async def leave(self, grace_s: float = 10.0) -> None:
-        """Graceful leave: stop bidding, hand back queued shards, let running
-        ones finish for up to ``grace_s``, hand back the rest, then wait
-        (bounded) for results to be acknowledged."""
+        """A peer's graceful leave: stop bidding, hand back queued shards, let
+        running ones finish for up to ``grace_s``, hand back the rest, then
+        wait (bounded) for results to be acknowledged."""
         core = self.core
-        assert isinstance(core, PeerCore)
         self.feed(Leave())
         with trio.move_on_after(grace_s):
-            while core.leases or core.outbox:
+            while not core.idle:
                 await self.wait_progress()
-        if core.leases:
-            self._perform(core.hand_back_running(self.now()))
+        if not core.idle:
+            self.feed(HandBackRunning())
         await self.drain(1.0)
 
     async def drain(self, timeout: float) -> None:
@@ -232,6 +218,7 @@ class Agent:
                 self.stats.bytes_out += len(e.data)
                 self.stats.by_kind_out[e.kind] = self.stats.by_kind_out.get(e.kind, 0) + 1
                 self._sends_in_flight += 1
+                self._learn_addrs(e)
                 nursery.start_soon(self._send, e.to, e.data)
             elif isinstance(e, Publish):
                 nursery.start_soon(self._publish, e.topic, e.data)
@@ -251,18 +238,14 @@ class Agent:
         self._progress.set()
         self._progress = trio.Event()
 
-    def _learn_addrs(self, peer: str) -> None:
-        """Tell the transport how to dial a peer the view knows about."""
-        entry = self.core.view.get(peer)
-        if entry is None or not entry.state.addrs:
+    def _learn_addrs(self, e: Send) -> None:
+        """Tell the transport how to dial a peer (the addresses the core sent with)."""
+        if not e.addrs or self._addrs.get(e.to) == e.addrs:
             return
-        if self._addr_seq.get(peer) == entry.state.seq:
-            return
-        self._addr_seq[peer] = entry.state.seq
-        self.transport.add_peer_addrs(peer, list(entry.state.addrs))
+        self._addrs[e.to] = e.addrs
+        self.transport.add_peer_addrs(e.to, list(e.addrs))
 
     async def _send(self, to: str, data: bytes) -> None:
-        self._learn_addrs(to)
         try:
             async with self._send_limiter:
                 await self.transport.send(to, data)

@@ -83,7 +83,7 @@ from typing import Any
 import msgpack
 import trio
 
-from ..core.events import RunShard, SetLevel, ShardFinished
+from ..core.events import Input, RunShard, SetLevel, SetPower, SetThroughput, ShardFinished
 from ..core.runs import Runs, run_key
 from ..core.wire import Device, unpack_params
 from ..errors import InputError
@@ -483,6 +483,9 @@ class RayRunner:
                  clock: Callable[[], float] = time.monotonic, first: Capacity | None = None) -> None:
         self.cluster = cluster
         self.core = core
+        #: hands the core its measurements (``SetPower``, ``SetThroughput``;
+        #: they yield no effects): the agent's ``feed`` once there is one
+        self.feed: Callable[[Input], object] = lambda inp: core.handle(time.time(), inp)
         self.refresh_s = refresh_s
         self.clock = clock
         self._tasks = core.config.tasks  # what the profile serves; frozenset() while nothing is free
@@ -526,7 +529,7 @@ class RayRunner:
                 "held": cap.held, "reserve": cap.reserve, "nodes": cap.nodes}})
             core.config = replace(cfg, slots=new[0], devices=new[1], tasks=new[2])
         if cap.now_w is not None:
-            core.set_power(cap.now_w)
+            self.feed(SetPower(cap.now_w))
 
     def _apply_power(self) -> None:
         p = self.cluster.gpu_power()
@@ -703,8 +706,8 @@ class RayRunner:
         if ref_s > 0 and wall > 0:
             old = self.core.throughput.get(eff.task)
             sample = ref_s / wall
-            self.core.set_throughput(eff.task, sample if old is None or eff.task not in self._measured
-                                     else 0.2 * sample + 0.8 * old)
+            self.feed(SetThroughput(eff.task, sample if old is None or eff.task not in self._measured
+                                    else 0.2 * sample + 0.8 * old))
             self._measured.add(eff.task)
         self.core.stats["ray_tasks_run"] += 1
         log.debug("ray shard done", extra={"fields": {"job": eff.job_id, "shard": eff.shard, "node": out.get("node"),
