@@ -13,7 +13,10 @@ A model with a real tokenizer (``smollm2-135m-instruct``) gets a chat-rendered
 question as its prompt; the others ``--prompt-len`` random byte ids.
 
 Reported: time to first token (TTFT) and decode tokens/s per setup with the
-ratio to local, added latency per hop, connect time (client start -> a
+ratio to local, added latency per hop ((per-token time through the chain -
+the local per-token time) / hops) with server-to-server forwarding and with
+the client driving every hop (``--no-forward`` runs; the two alternate in
+the same swarm, so their ratio is measured side by side), connect time (client start -> a
 chain is known), serving peers' RSS/PSS, aggregate tokens/s of N concurrent
 sessions through the 2-peer chain, and the recovery time when the chain's
 second peer is killed mid-generation (3 peers, two of them serving the same
@@ -115,16 +118,23 @@ def start_swarm(workdir: Path, d: Path, blocks: list[str]) -> LocalSwarm:
 
 
 async def swarm_client(sw: LocalSwarm, d: Path, head: Any, mhash: str, body: Any) -> Any:
+    """``body(llm, connect_s, plain)``: ``llm`` forwards decode steps server
+    to server (the default), ``plain`` (same client) drives every hop."""
     from fedswarm.client import open_swarm_client
+    from fedswarm.core.identity import Identity
     from fedswarm.llm_client import SwarmLLM
 
     t0 = time.perf_counter()
-    async with open_swarm_client([sw.bootstrap]) as client:
-        llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), head, mhash,
-                       request_timeout=10.0, route_timeout=30.0)
+    identity = Identity.generate()
+    async with open_swarm_client([sw.bootstrap], identity=identity) as client:
+        def make(forward: bool) -> Any:
+            return SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), head, mhash,
+                            request_timeout=10.0, route_timeout=30.0, identity=identity, forward=forward)
+
+        llm, plain = make(True), make(False)
         await llm.wait_route()
         connect = time.perf_counter() - t0
-        return await body(llm, connect)
+        return await body(llm, connect, plain)
 
 
 def memory(sw: LocalSwarm) -> list[dict[str, float]]:
@@ -141,11 +151,18 @@ def bench_chain(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
                 repeats: int, concurrent: int, extra: Any = None) -> dict[str, Any]:
     sw = start_swarm(tmp / f"swarm{len(blocks)}", d, blocks)
     try:
-        async def body(llm: Any, connect: float) -> dict[str, Any]:
-            runs = [await llm.generate(prompt, n_new) for _ in range(repeats + 1)][1:]
+        async def body(llm: Any, connect: float, plain: Any) -> dict[str, Any]:
+            # forwarding on and off alternate (after a warm-up of each) in this swarm
+            both: dict[bool, list[Any]] = {True: [], False: []}
+            for fw in [False, True] * (repeats + 1):
+                both[fw].append(await (llm if fw else plain).generate(prompt, n_new))
+            runs, off = both[True][1:], both[False][1:]
             res = {"connect_s": connect, "ttft_s": statistics.median(r.ttft_s for r in runs),
                    "tok_s": statistics.median(r.decode_tokens_per_s for r in runs), "tokens": runs[0].token_ids,
-                   "route": runs[0].route}
+                   "route": runs[0].route, "forward_stats": dict(llm.forward_stats),
+                   "noforward": {"ttft_s": statistics.median(r.ttft_s for r in off),
+                                 "tok_s": statistics.median(r.decode_tokens_per_s for r in off),
+                                 "same_tokens": all(r.token_ids == runs[0].token_ids for r in off + runs)}}
             if concurrent:
                 # N sessions of one SwarmLLM at once, with their decode steps
                 # sent together (the default) and one request per session
@@ -270,7 +287,7 @@ def bench_recovery(tmp: Path, d: Path, head: Any, mhash: str, layers: int, promp
     sw = start_swarm(tmp / "swarm_kill", d, blocks)
     by_id = {p.peer_id: p for p in sw.peers}
     try:
-        async def body(llm: Any, connect: float) -> Any:
+        async def body(llm: Any, connect: float, plain: Any) -> Any:
             with trio.fail_after(30):
                 while len([h for h in llm.hops() if h.start == half]) < 2:
                     await trio.sleep(0.02)
@@ -287,7 +304,7 @@ def bench_recovery(tmp: Path, d: Path, head: Any, mhash: str, layers: int, promp
         normal = statistics.median(r.step_times) if r.step_times else 0.0
         rec = r.recoveries[0] if r.recoveries else {}
         return {"recoveries": len(r.recoveries), "recovered_s": rec.get("recovered_s"), "normal_step_s": normal,
-                "tokens": r.token_ids}
+                "tokens": r.token_ids, "slowest_step_s": max(r.step_times, default=0.0)}
     finally:
         sw.close()
 
@@ -344,15 +361,26 @@ def main() -> int:
 
     lt = 1.0 / local["tok_s"]
     print(f"\n{'setup':<16} {'TTFT ms':>8} {'x local':>8} {'decode tok/s':>13} {'x local':>8} {'+ms/hop':>8} "
-          f"{'connect s':>9}  tokens")
+          f"{'connect s':>9}  tokens   | --no-forward: {'tok/s':>6} {'x local':>8} {'+ms/hop':>8}")
     print(f"{'local 1 process':<16} {local['ttft_s'] * 1e3:>8.1f} {1:>8.2f} {local['tok_s']:>13.1f} {1:>8.2f} "
           f"{'':>8} {'':>9}  reference")
     for n, r in rows.items():
         per_hop = (1.0 / r["tok_s"] - lt) / int(n) * 1e3
+        nf = r["noforward"]
+        nf["added_ms_per_hop"] = (1.0 / nf["tok_s"] - lt) / int(n) * 1e3
         r["added_ms_per_hop"] = per_hop
+        same = r["tokens"] == local["tokens"] and nf["same_tokens"]
         print(f"{'swarm ' + n + ' peer' + ('s' if n != '1' else ''):<16} {r['ttft_s'] * 1e3:>8.1f} "
               f"{r['ttft_s'] / local['ttft_s']:>8.2f} {r['tok_s']:>13.1f} {r['tok_s'] / local['tok_s']:>8.2f} "
-              f"{per_hop:>8.2f} {r['connect_s']:>9.3f}  {'same' if r['tokens'] == local['tokens'] else 'DIFFERENT'}")
+              f"{per_hop:>8.2f} {r['connect_s']:>9.3f}  {'same' if same else 'DIFFERENT':<8} | "
+              f"{'':>13} {nf['tok_s']:>6.1f} {nf['tok_s'] / local['tok_s']:>8.2f} {nf['added_ms_per_hop']:>8.2f}")
+    print("(the first column group forwards decode steps server to server; --no-forward runs alternate with them "
+          "in the same swarm)")
+    for n, r in rows.items():
+        fs = r["forward_stats"]
+        print(f"  {n} peer(s): forwarded steps {fs['complete']} complete, {fs['fallbacks']} fell back, "
+              f"{fs['refused']} refused; forwarding saves "
+              f"{r['noforward']['added_ms_per_hop'] - r['added_ms_per_hop']:.2f} ms per hop")
     print()
     targets = []
     last = str(chains[-1]) if chains else None
@@ -389,13 +417,17 @@ def main() -> int:
     if last is not None:
         r3 = rows[last]
         targets += [
+            (f"added latency <= 1 ms per hop, forwarding ({last} peers)", r3["added_ms_per_hop"] <= 1.0),
             (f"decode tok/s >= 0.9x local ({last} peers)", r3["tok_s"] >= 0.9 * local["tok_s"]),
             (f"TTFT <= 1.2x local ({last} peers)", r3["ttft_s"] <= 1.2 * local["ttft_s"]),
             (f"connect <= 0.3 s ({last} peers)", r3["connect_s"] <= 0.3),
         ]
+    if "2" in rows:
+        targets.append(("decode tok/s >= 0.9x local (2 peers, forwarding)", rows["2"]["tok_s"] >= 0.9 * local["tok_s"]))
     if rec is not None:
-        print(f"kill of the chain's 2nd peer after 8 tokens: {rec['recoveries']} recovery in "
-              f"{rec['recovered_s']}s (normal step {rec['normal_step_s'] * 1e3:.1f} ms), tokens "
+        print(f"kill of the chain's 2nd peer after 8 tokens (forwarding on): {rec['recoveries']} recovery in "
+              f"{rec['recovered_s']}s (normal step {rec['normal_step_s'] * 1e3:.1f} ms, slowest "
+              f"{rec['slowest_step_s'] * 1e3:.0f} ms), tokens "
               f"{'same' if rec['tokens'] == local['tokens'] else 'DIFFERENT'}")
         targets.append(("recovery after a kill <= 2 s", rec["recovered_s"] is not None and rec["recovered_s"] <= 2.0))
     print("\ntargets:")

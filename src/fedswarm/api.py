@@ -73,9 +73,10 @@ def add_api(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--route-timeout", type=float, default=3.0,
                    help="seconds a request waits for a chain of peers before a 503 (default: 3)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's)")
-    from .llm_cli import add_tenant_options
+    from .llm_cli import add_forward_option, add_tenant_options
 
     add_tenant_options(p)
+    add_forward_option(p)
     p.set_defaults(func=_cmd_api)
 
 
@@ -488,7 +489,8 @@ async def run_api(a: argparse.Namespace, *, task_status: Any = trio.TASK_STATUS_
         def make_llm(cm: Any) -> Any:
             return SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), cm.head,
                             cm.hash, request_timeout=a.request_timeout, route_timeout=a.route_timeout,
-                            tenant=a.tenant, weight=a.weight)
+                            tenant=a.tenant, weight=a.weight, identity=identity,
+                            forward=not getattr(a, "no_forward", False))
 
         state = _State(models, make_llm, a.route_timeout)
         app = build_app(state)

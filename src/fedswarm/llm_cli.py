@@ -96,6 +96,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="seconds to reach the swarm and find a chain of peers (default: 15)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads of the client (default: torch's)")
     add_tenant_options(p)
+    add_forward_option(p)
 
 
 def tenant_name(text: str) -> str:
@@ -125,6 +126,12 @@ def add_tenant_options(p: argparse.ArgumentParser) -> None:
                    help="tenant the sessions are served for: when a serving peer's forwards are full, the tenants "
                         "with the least usage over weight go first (default: this client's peer id)")
     p.add_argument("--weight", type=tenant_weight, help="the tenant's weight, in (0, 1000] (default: 1)")
+
+
+def add_forward_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-forward", action="store_true",
+                   help="drive every hop from this client instead of letting the serving peers pass a decode step "
+                        "straight to the next one (server-to-server forwarding, on by default)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, default_max: int = 64) -> None:
@@ -364,7 +371,8 @@ def open_llm(a: argparse.Namespace, model: ClientModel) -> Any:
         async with open_swarm_client(a.bootstrap, identity=identity, connect_timeout=a.connect_timeout) as client:
             llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), model.head,
                            model.hash, request_timeout=a.request_timeout, route_timeout=a.connect_timeout,
-                           tenant=a.tenant, weight=a.weight)
+                           tenant=a.tenant, weight=a.weight, identity=identity,
+                           forward=not getattr(a, "no_forward", False))
             await llm.warm_up()
             yield llm, time.perf_counter() - t0
 

@@ -779,7 +779,7 @@ class InferenceSession:
                 await llm._dial(peer)
         llm.forward_stats["steps"] += 1
         first = hops[0]
-        exp = _Expect(n, {(a, b): p for p, a, b in route[1:]}, {p for p, _, _ in route}, llm.head.config.hidden_size)
+        exp = _Expect(n, route, llm.head.config.hidden_size)
         llm._inbox.expects[self.id] = exp
         try:
             msg = {
@@ -969,18 +969,18 @@ class _Expect:
     """The outputs a forwarded step of one session waits for."""
 
     pos: int
-    peers: dict[tuple[int, int], str]  # span -> the hop that sends its output
-    route: set[str]  # who may tell us the step stopped
+    route: tuple[tuple[str, int, int], ...]
     hidden_size: int
-    got: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    got: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # span -> its output
     error: str | None = None
     ev: trio.Event = field(default_factory=trio.Event)
 
 
 class _Inbox:
     """Receives serving peers' ``out`` messages on one client transport
-    (shared by the ``SwarmLLM``s on it): each must be the expected output of
-    a step one of our sessions is waiting for, from the hop the route says."""
+    (shared by the ``SwarmLLM``s on it): each must be about a step one of our
+    sessions waits for, from the hop its route says (the last hop, or the hop
+    before the one that failed), with one output per hop before that span."""
 
     def __init__(self, transport: Any) -> None:
         self.expects: dict[bytes, _Expect] = {}
@@ -998,29 +998,29 @@ class _Inbox:
     def _take(self, sender: str, msg: dict[str, Any]) -> None:
         keys = set(msg)
         if (msg.get("v") != WIRE_VERSION or msg.get("op") != "out" or not OP_KEYS["out"] <= keys
-                or keys - OP_KEYS["out"] - OPTIONAL_KEYS["out"]):
+                or keys - OP_KEYS["out"] - OPTIONAL_KEYS["out"] or ("hidden" in msg) == ("error" in msg)):
             raise WireError("bad-request", "not an out message")
-        sid, span, pos = msg["session"], msg["span"], msg["pos"]
+        sid, span, pos, outs = msg["session"], msg["span"], msg["pos"], msg.get("outs", [])
         e = self.expects.get(sid) if type(sid) is bytes else None
         if e is None:
             raise WireError("unknown-session", "no step of this session is waiting")
-        if (type(span) is not list or len(span) != 2 or any(type(x) is not int for x in span)
-                or (span[0], span[1]) not in e.peers or type(pos) is not int or pos != e.pos):
+        spans = [(a, b) for _, a, b in e.route]
+        k = spans.index((span[0], span[1])) if (type(span) is list and len(span) == 2
+                                                 and (span[0], span[1]) in spans) else -1
+        if k < 1 or type(pos) is not int or pos != e.pos or type(outs) is not list or len(outs) != k:
             raise WireError("bad-request", "not a step this session waits for")
-        if "hidden" not in msg:
-            if sender not in e.route:
-                raise WireError("bad-request", "not a hop of the route")
+        failed = "error" in msg
+        if sender != e.route[k - 1 if failed else k][0] or (not failed and k != len(spans) - 1):
+            raise WireError("bad-request", "not from the route's hop for this span")
+        hs = [unpack_tensor(o, max_ndim=2) for o in outs[1:]] + ([] if failed else [unpack_tensor(msg["hidden"],
+                                                                                                  max_ndim=2)])
+        if any(tuple(h.shape) != (1, e.hidden_size) or not torch.isfinite(h).all() for h in hs):
+            raise WireError("bad-request", f"outputs must be (1, {e.hidden_size}), finite")
+        for sp, h in zip(spans[1:], hs):
+            e.got[sp] = h
+        if failed:
             e.error = f"{msg.get('error')}: {msg.get('detail')}"[:300]
-            e.ev.set()
-            return
-        if sender != e.peers[(span[0], span[1])]:
-            raise WireError("bad-request", "not the route's hop for this span")
-        h = unpack_tensor(msg["hidden"], max_ndim=2)
-        if tuple(h.shape) != (1, e.hidden_size) or not torch.isfinite(h).all():
-            raise WireError("bad-request", f"hidden must be (1, {e.hidden_size}), finite")
-        e.got[(span[0], span[1])] = h
-        if len(e.got) == len(e.peers):
-            e.ev.set()
+        e.ev.set()
 
 
 _INBOXES: "weakref.WeakKeyDictionary[Any, _Inbox]" = weakref.WeakKeyDictionary()

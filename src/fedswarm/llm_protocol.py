@@ -52,13 +52,17 @@ with its Ed25519 key (``sign_delegation``): ``{"client": PEER_ID, "session":
 signature, the session and model, the expiry, a route that covers blocks
 contiguously to the model's last block and names each peer once, this peer
 on it with the request's span, the sender the client or the route's previous
-hop, every hop a live peer of its view), computes, answers its sender, then
-sends the same ``forward`` with its output to the route's next hop and its
-output to the client as ``{"op": "out", "model", "session", "span": [A, B],
-"pos": P, "hidden": TENSOR}`` (a hop that could not reach the next one sends
-``"error"`` and ``"detail"`` instead of ``"hidden"``, naming the next hop's
-span). The client answers ``out`` with ``{"ok": true}``; it falls back to
-driving each hop whose output did not come.
+hop, every hop a live peer of its view), computes, answers its sender (the client gets
+the output, a previous hop only ``length``), then sends the same ``forward``
+to the route's next hop with its output as ``hidden`` and the outputs of the
+hops before it as ``"outs": [TENSOR, ..]``. The last hop sends the client
+(on ``OUT_PROTOCOL``) ``{"op": "out", "model", "session", "span": [A, B],
+"pos": P, "hidden": TENSOR, "outs": [..]}``: its output and, in route order,
+every earlier hop's. A hop that
+could not reach the next one (or was refused) sends ``out`` naming the next
+hop's span with ``"outs"`` (the outputs up to its own), ``"error"`` and
+``"detail"`` instead of ``"hidden"``. The client answers ``{"ok": true}``; it
+drives every hop whose output did not come itself.
 """
 
 from __future__ import annotations
@@ -207,8 +211,8 @@ OP_KEYS = {
 #: keys an op may carry: ``tenant`` (1..64 characters; default: the sender)
 #: and its ``weight`` (0 < w <= 1000; default 1) order queued steps when a
 #: serving peer's forwards are full (fair sessions)
-OPTIONAL_KEYS = {"forward": {"tenant", "weight", "route"}, "step": {"tenant", "weight"},
-                 "out": {"hidden", "error", "detail"}}
+OPTIONAL_KEYS = {"forward": {"tenant", "weight", "route", "outs"}, "step": {"tenant", "weight"},
+                 "out": {"hidden", "outs", "error", "detail"}}
 def tenant_of(msg: dict[str, Any], sender: str) -> tuple[str, float]:
     """The request's (tenant, weight), checked; the sender and 1 by default."""
     tenant = msg.get("tenant", sender)

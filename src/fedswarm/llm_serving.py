@@ -384,6 +384,13 @@ class BlockServer:
             raise WireError("too-large", f"1..{self.max_tokens} tokens per request")
         if not torch.isfinite(hidden).all():
             raise BadHidden("bad-request", "hidden holds non-finite values")
+        if "outs" in msg:  # the outputs of the route's hops before the sender's (passed on to the client)
+            outs = msg["outs"]
+            if deleg is None or type(outs) is not list or len(outs) != max(hop_i - 1, 0):
+                raise BadHidden("bad-request", "'outs' holds one output per hop before the sender's")
+            for o in outs:
+                if tuple(unpack_tensor(o, max_ndim=2, max_bytes=self.max_frame).shape) != (t, self.hidden_size):
+                    raise BadHidden("bad-request", f"each of 'outs' must be ({t}, {self.hidden_size})")
         self._check_owner(owner, sid, span, pos, tenant)
         adm = self.core.admit_forward(now, owner, sid, span, pos, t, max_length)
         if isinstance(adm, Refusal):
@@ -405,8 +412,8 @@ class BlockServer:
         out = {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result}
         length = s.cache.length
         if deleg is not None:
-            if self.nursery is not None:
-                self.nursery.start_soon(self._pass_on, deleg, hop_i, msg, out)
+            if self.nursery is not None:  # the next hop's request goes out before our answer
+                await self.nursery.start(self._pass_on, deleg, hop_i, msg, out)
             else:
                 await self._pass_on(deleg, hop_i, msg, out)
             if sender != deleg.client:  # the previous hop: our output went to the client
@@ -455,41 +462,43 @@ class BlockServer:
             self._tenants = {k: v for k, v in self._tenants.items() if k in live}
         self._tenants[(owner, sid)] = tenant
 
-    async def _pass_on(self, d: Delegation, i: int, msg: dict[str, Any], out: dict[str, Any]) -> None:
+    async def _pass_on(self, d: Delegation, i: int, msg: dict[str, Any], out: dict[str, Any], *,
+                       task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """After our part of a forwarded step: send the same ``forward`` with
-        our output to the route's next hop, and our output to the client
-        (the first hop's went in its answer). When the next hop cannot be
-        reached or refuses, the client is told (``out`` with ``error``) and
-        drives that hop itself. Never raises."""
+        our output to the route's next hop, carrying the outputs of the hops
+        before us (``outs``), so that the last hop can send the client every
+        hop's output in one ``out`` message. When the next hop cannot be
+        reached or refuses, the client gets the outputs so far and the error,
+        and drives that hop itself. Never raises."""
+        told = False
         try:
+            prior = [*msg.get("outs", ()), msg["hidden"]] if i > 0 else []
             base = {"v": WIRE_VERSION, "op": "out", "model": self.model_hash, "session": d.session, "pos": msg["pos"]}
-
-            async def to_client() -> None:
-                if i > 0:
-                    await self._push(d.client, {**base, "span": [d.route[i][1], d.route[i][2]], "hidden": out})
-
-            async def to_next() -> None:
-                if i + 1 >= len(d.route):
-                    return
-                peer, a, b = d.route[i + 1]
-                try:
-                    raw = await self.transport.request(peer, PROTOCOL, encode({**msg, "span": [a, b], "hidden": out}),
-                                                       timeout=self.forward_timeout)
-                    resp = decode(raw)
-                    why = "" if resp.get("ok") is True else f"{resp.get('error')}: {str(resp.get('detail', ''))}"
-                except (TransportError, WireError) as exc:
-                    why = f"transport: {exc}"
-                if not why:
-                    self.forwarding["forwarded"] += 1
-                    return
-                self.forwarding["forward_failures"] += 1
-                await self._push(d.client, {**base, "span": [a, b], "error": "forward-failed", "detail": why[:300]})
-
-            async with trio.open_nursery() as n:
-                n.start_soon(to_next)
-                n.start_soon(to_client)
+            told = True
+            task_status.started()  # the caller answers once we block (the request below is written)
+            if i + 1 >= len(d.route):
+                await self._push(d.client, {**base, "span": [d.route[i][1], d.route[i][2]], "hidden": out,
+                                            "outs": prior})
+                return
+            peer, a, b = d.route[i + 1]
+            try:
+                raw = await self.transport.request(peer, PROTOCOL, encode({**msg, "span": [a, b], "hidden": out,
+                                                                           "outs": prior}),
+                                                   timeout=self.forward_timeout)
+                resp = decode(raw)
+                why = "" if resp.get("ok") is True else f"{resp.get('error')}: {str(resp.get('detail', ''))}"
+            except (TransportError, WireError) as exc:
+                why = f"transport: {exc}"
+            if not why:
+                self.forwarding["forwarded"] += 1
+                return
+            self.forwarding["forward_failures"] += 1
+            await self._push(d.client, {**base, "span": [a, b], "outs": [*prior, out], "error": "forward-failed",
+                                        "detail": why[:300]})
         except Exception:  # a bug here must not take the peer (or its nursery) down
             log.exception("passing a forwarded step on failed")
+            if not told:
+                task_status.started()
 
     async def _push(self, client: str, m: dict[str, Any]) -> None:
         try:

@@ -72,8 +72,9 @@ def test_forwarded_tokens_equal_client_driven(tiny_dir):
             assert st["steps"] == st["complete"] == N_NEW - 1, st
             first, mid, last = s["servers"]
             assert first.forwarding["forwarded"] == mid.forwarding["forwarded"] == N_NEW - 1
-            assert mid.forwarding["pushed"] == last.forwarding["pushed"] == N_NEW - 1
-            assert last.forwarding["forwarded"] == 0 and first.forwarding["pushed"] == 0
+            # the last hop sends the client every hop's output in one message
+            assert last.forwarding["pushed"] == N_NEW - 1 and last.forwarding["forwarded"] == 0
+            assert first.forwarding["pushed"] == mid.forwarding["pushed"] == 0
             assert all(srv.sessions == {} for srv in s["servers"])  # the client closed them
 
     trio.run(main)
@@ -104,7 +105,7 @@ def test_dead_next_hop_falls_back_and_replays(tiny_dir):
             st = {k: v - before[k] for k, v in s["fwd"].forward_stats.items()}
             assert st["fallbacks"] == 1 and st["complete"] == N_NEW - 2, st
             first = s["servers"][0]
-            assert first.forwarding["forward_failures"] == 1
+            assert first.forwarding["forward_failures"] == first.forwarding["pushed"] == 1
             survivor = next(p for p in s["ids"][1:] if p != killed[0])
             assert _server_of(s, survivor).forwarding["pushed"] >= N_NEW - 7
 
@@ -187,7 +188,8 @@ def test_bad_input_is_refused_typed_and_counted(span02, tiny_dir):
         "bad-request": [fwd(hidden=torch.randn(1, 63)),  # wrong shape
                         fwd(hidden={"dtype": "float64", "shape": [1, 64], "data": bytes(512)}),  # dtypes that cannot travel
                         fwd(hidden={"dtype": "int8", "shape": [1, 64], "data": bytes(64)}),
-                        fwd(hidden=torch.full((1, 64), float("nan")))],
+                        fwd(hidden=torch.full((1, 64), float("nan"))),
+                        {**routed(good), "outs": [pack_tensor(x)]}],  # the first hop gets no earlier outputs
     }
     for code, msgs in cases.items():
         for m in msgs:
@@ -208,7 +210,7 @@ def test_bad_input_is_refused_typed_and_counted(span02, tiny_dir):
     assert call(fwd(sid=bytes(16)), sender=other.peer_id)["ok"] is True
     by = srv.stats.by_error
     assert by["unknown-peer"] == 1 and by["bad-route"] == 6 and by["bad-delegation"] == 4
-    assert by["bad-request"] == 4 and by["session-conflict"] >= 2
+    assert by["bad-request"] == 5 and by["session-conflict"] >= 2
     assert srv.forwarding["refused"] == sum(by[c] for c in ("unknown-peer", "bad-route", "bad-delegation",
                                                             "bad-request", "session-conflict"))
     assert set(by) <= set(ERROR_CODES)
@@ -223,24 +225,36 @@ def test_bad_input_is_refused_typed_and_counted(span02, tiny_dir):
 
 
 def test_client_refuses_outputs_it_did_not_ask_for():
-    """The client's inbox takes a forwarded step's output only from the hop
-    its route names, for the position it waits for."""
+    """The client's inbox takes a forwarded step's outputs only from the hop
+    its route names (the last, or the one before a failed hop), for the
+    position it waits for, one output per earlier hop."""
     from fedswarm.llm_client import _Expect
 
     net = MemoryNetwork()
     box = _inbox_of(net.add(ident(60)))
-    box.expects[SID] = _Expect(5, {(2, 4): "hop-b"}, {"hop-a", "hop-b"}, 64)
+    box.expects[SID] = _Expect(5, (("hop-a", 0, 1), ("hop-b", 1, 3), ("hop-c", 3, 4)), 64)
+
+    def h(n=64):
+        return pack_tensor(torch.randn(1, n))
 
     def out(sender, **kw):
-        m = {"v": 1, "op": "out", "model": "m", "session": SID, "span": [2, 4], "pos": 5,
-             "hidden": pack_tensor(torch.randn(1, 64)), **kw}
+        m = {"v": 1, "op": "out", "model": "m", "session": SID, "span": [3, 4], "pos": 5, "hidden": h(),
+             "outs": [h(), h()], **kw}
         return decode(trio.run(box.handle, sender, encode(m)))
 
     assert out("mallory")["ok"] is False  # not the route's hop
-    assert out("hop-b", pos=6)["ok"] is False  # another position
-    assert out("hop-b", hidden=pack_tensor(torch.randn(1, 65)))["ok"] is False
-    assert out("hop-b", session=bytes(16))["error"] == "unknown-session"
-    assert box.refused == 4 and box.expects[SID].got == {}
-    assert out("hop-b")["ok"] is True and set(box.expects[SID].got) == {(2, 4)}
+    assert out("hop-b")["ok"] is False  # the last hop sends the outputs
+    assert out("hop-c", pos=6)["ok"] is False  # another position
+    assert out("hop-c", hidden=h(65))["ok"] is False
+    assert out("hop-c", outs=[h()])["ok"] is False  # one output per earlier hop
+    assert out("hop-c", session=bytes(16))["error"] == "unknown-session"
+    assert box.refused == 6 and box.expects[SID].got == {}
+    assert out("hop-c")["ok"] is True and set(box.expects[SID].got) == {(1, 3), (3, 4)}
     assert box.expects[SID].ev.is_set()
+    # the hop before a failed one reports it with the outputs so far
+    box.expects[SID] = _Expect(5, (("hop-a", 0, 1), ("hop-b", 1, 3), ("hop-c", 3, 4)), 64)
+    failed = {"error": "forward-failed", "detail": "transport: gone"}
+    r = decode(trio.run(box.handle, "hop-b", encode({"v": 1, "op": "out", "model": "m", "session": SID,
+                                                      "span": [3, 4], "pos": 5, "outs": [h(), h()], **failed})))
+    assert r["ok"] is True and set(box.expects[SID].got) == {(1, 3)} and box.expects[SID].error
     assert OP_KEYS["out"] == {"v", "op", "model", "session", "span", "pos"}
