@@ -59,15 +59,17 @@ import math
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.energy import choose_level
+from fedswarm.core.events import RunShard
+from fedswarm.core.runs import RunKey, Runs
 from fedswarm.core.fairness import alone_time
 
 from .metrics import StepFn
 from .plan import PeerPlan, make_plan
-from .report import JobRec, NodeRun, RunRecord, report
+from .report import JobRec, NodeRun, RunRecord, open_runs, report
 from .scenario import Scenario
 from .sim import NodeRec
 from .workload import TraceJob
@@ -80,12 +82,6 @@ BASELINES = _KINDS + tuple(f"{k}-instant" for k in _KINDS)
 ARRIVE, PSTART, CRASH, LEAVE, LEAVE_END, JOIN, FIN, DETECT = range(8)
 # networked baselines: a message reaches its destination
 SCHED_ARRIVE, ASSIGN_AT, DONE_AT, RESULT_AT, RESV_AT, LB_REQ, LB_REPLY = range(8, 15)
-
-
-class _Run(NamedTuple):  # a running shard: what the record keeps of it (+ its end)
-    gpus: int
-    level: float
-    end: float
 
 
 @dataclass(eq=False)
@@ -218,7 +214,7 @@ class BaselineSim:
     def _add_peer(self, pp: PeerPlan) -> _Peer:
         """Track a peer of the plan (no core: the policy is this loop)."""
         prof = pp.profile
-        rec = NodeRec(pp.id, None, True, pp.region, prof, prof.name)
+        rec = NodeRec(pp.id, None, True, pp.region, prof, prof.name, runs=Runs(prof.power.power))
         rec.fault_ids = list(self.plan.fault_ids.get(pp.id, ()))
         cfg = prof.peer_config(**self.sc.peer_overrides)
         p = _Peer(rec, cfg, prof.speed(self.sc.task), prof.slots)
@@ -300,9 +296,11 @@ class BaselineSim:
             self._take(p, g)
             job.started += 1
         self.gen += 1
-        key = (jid, shard, self.gen)
-        p.rec.running[key] = (self.gen, self.now, _Run(g, level, self.now + run_s))
-        self._push(self.now + run_s, FIN, p.rec.id, key)
+        # keyed ("", job, shard, run counter): the runs of a peer sort by job and shard
+        e = RunShard("", jid, shard, self.gen, self.sc.task_of(job.tj.tenant), b"", job.tj.duration_s, g, 0,
+                     level, run_s)
+        p.rec.runs.start(self.now, e)
+        self._push(self.now + run_s, FIN, p.rec.id, (e.tenant, jid, shard, self.gen))
 
     def _take(self, p: _Peer, g: int) -> None:
         p.free -= g
@@ -314,33 +312,31 @@ class BaselineSim:
         if p.rec.alive:
             self._free_ids.add(p.rec.id)
 
-    def _account(self, p: _Peer, key: tuple, *, completed: bool, release: bool = True) -> int:
-        """The run ends: charge it; free its slot unless the scheduler is to
-        hear of it first (``release=False``). Returns its GPUs."""
-        _, start, e = p.rec.running.pop(key)
-        elapsed = max(self.now - start, 0.0)
-        assert p.rec.profile is not None
-        p.rec.busy_gpu_s += elapsed * e.gpus
-        p.rec.busy_energy_j += p.rec.profile.power.power(e.level) * elapsed * e.gpus
+    def _account(self, p: _Peer, key: RunKey, *, completed: bool, release: bool = True) -> int:
+        """The run ends (``Runs`` charges the peer): free its slot unless the
+        scheduler is to hear of it first (``release=False``). Returns its GPUs."""
+        ended = p.rec.runs.end(self.now, key)
+        assert ended is not None and p.rec.profile is not None
+        g = ended.gpus
         if release:
-            self._release(p, e.gpus)
+            self._release(p, g)
         if completed:
-            self.intervals.append((start, self.now, self.st[key[0]].tj.tenant, e.gpus))
-            j = self.jobs[key[0]]
-            j.gpu_s += elapsed * e.gpus
-            en = p.rec.profile.power.power(e.level) * elapsed * e.gpus
-            j.energy_j += en
-            j.carbon_g += en / 3.6e6 * p.rec.profile.carbon_g_kwh
+            jid = ended.effect.job_id
+            self.intervals.append((ended.began, self.now, self.st[jid].tj.tenant, g))
+            j = self.jobs[jid]
+            j.gpu_s += ended.seconds * g
+            j.energy_j += ended.energy_j
+            j.carbon_g += ended.energy_j / 3.6e6 * p.rec.profile.carbon_g_kwh
         else:
-            self.wasted_gpu_s += elapsed * e.gpus
-        return e.gpus
+            self.wasted_gpu_s += ended.seconds * g
+        return g
 
-    def _finish(self, pid: str, key: tuple) -> None:
+    def _finish(self, pid: str, key: RunKey) -> None:
         """A shard's run ends on its peer."""
         p = self.peers[pid]
-        if key not in p.rec.running or not p.rec.alive:
+        if key not in p.rec.runs or not p.rec.alive:
             return
-        jid, shard, _ = key
+        _, jid, shard, _ = key
         job = self.st[jid]
         # the centralized scheduler hands the slot out again once it hears
         late = self.netted and self.policy == "centralized"
@@ -355,7 +351,7 @@ class BaselineSim:
             if self.policy != "sparrow":  # the result goes to the client too
                 self._msg("result")
                 self._send(self._at(p), self.client_at[job.tj.tenant], RESULT_AT, jid, shard)
-        if p.rec.leaving and not p.rec.running:
+        if p.rec.leaving and not p.rec.runs:
             self._gone(p, "left")
 
     def _done(self, p: _Peer, jid: str, shard: int, g: int) -> None:
@@ -570,7 +566,7 @@ class BaselineSim:
             for q in self._usable():
                 if q.free == 0 or q.speed > free[-1].speed:
                     h = release.setdefault(q.speed, [])
-                    h.extend(r[2].end for r in q.rec.running.values())
+                    h.extend(r.began + r.effect.run_s for r in map(q.rec.runs.get, q.rec.runs) if r is not None)
             for h in release.values():
                 heapq.heapify(h)
 
@@ -637,8 +633,8 @@ class BaselineSim:
 
     def _evict(self, p: _Peer) -> list[tuple[str, int]]:
         items = []
-        for key in sorted(p.rec.running):
-            items.append((key[0], key[1]))
+        for key in list(p.rec.runs):
+            items.append((key[1], key[2]))
             self._account(p, key, completed=False)
         return items
 
@@ -723,7 +719,7 @@ class BaselineSim:
                     p.rec.leaving = True
                     self._cap_update()
                     self._lost(self._handed_back(p))
-                    if not p.rec.running:
+                    if not p.rec.runs:
                         self._gone(p, "left")
                     else:
                         self._push(t + self.sc.churn.leave_grace_s, LEAVE_END, a, None)
@@ -747,9 +743,8 @@ class BaselineSim:
         for pid, r in self.nodes.items():
             nodes[pid] = NodeRun(
                 id=r.id, is_peer=True, name=r.name, profile=r.profile, started=r.started, start_t=r.start_t,
-                end_t=r.end_t, fate=r.fate, hung=False, busy_gpu_s=r.busy_gpu_s, busy_energy_j=r.busy_energy_j,
-                msgs=r.msgs, bytes=r.bytes, fault_ids=r.fault_ids,
-                open_runs=[(r.running[k][1], r.running[k][2].gpus, r.running[k][2].level) for k in sorted(r.running)],
+                end_t=r.end_t, fate=r.fate, hung=False, busy_gpu_s=r.runs.busy_s, busy_energy_j=r.runs.busy_j,
+                msgs=r.msgs, bytes=r.bytes, fault_ids=r.fault_ids, open_runs=open_runs(r.runs),
             )
         clients = {}
         for c in self.plan.clients:

@@ -18,13 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedswarm.core.runs import Runs
 from fedswarm.profiles import Profile
 
 from .metrics import StepFn, jain, rho
 from .scenario import Scenario
 from .workload import TraceJob
 
-__all__ = ["JobRec", "NodeRun", "RunRecord", "report", "MSG_CLASS"]
+__all__ = ["JobRec", "NodeRun", "RunRecord", "report", "open_runs", "MSG_CLASS"]
 
 #: which cost a message kind counts under in the results' message split
 MSG_CLASS = {
@@ -102,6 +103,16 @@ class RunRecord:
     fault_stats: Counter[str] = field(default_factory=Counter)
     gc_tenant: dict[str, Counter[str]] = field(default_factory=dict)  # client id -> GC at the peers
     lapsed_at: Counter[str] = field(default_factory=Counter)  # peer id -> lapses the clients saw
+
+
+def open_runs(runs: Runs) -> list[tuple[float, int, float]]:
+    """The runs still going, in key order: (start of the segment, gpus, level)."""
+    out = []
+    for key in runs:
+        run = runs.get(key)
+        assert run is not None
+        out.append((run.since, run.gpus, run.effect.level))
+    return out
 
 
 def _split(kinds: Counter[str], peer_s: float) -> dict[str, float]:
@@ -207,31 +218,31 @@ def report(rec: RunRecord) -> dict[str, Any]:
     fates: Counter[str] = Counter()
     msgs_peers = bytes_peers = 0
     for pid in sorted(rec.nodes):
-        n = rec.nodes[pid]
-        if not n.is_peer or not n.started:
+        nd = rec.nodes[pid]
+        if not nd.is_peer or not nd.started:
             continue
-        assert n.profile is not None
-        t1 = n.end_t if n.end_t is not None else end
-        life = max(t1 - n.start_t, 0.0)
+        assert nd.profile is not None
+        t1 = nd.end_t if nd.end_t is not None else end
+        life = max(t1 - nd.start_t, 0.0)
         # runs still going at the end count up to `end`
-        for st, gpus, level in n.open_runs:
+        for st, gpus, level in nd.open_runs:
             g = max(gpus, 1)
-            r_e = n.profile.power.power(level) * (end - st) * g
+            r_e = nd.profile.power.power(level) * (end - st) * g
             busy_e += r_e
-            carbon += r_e / 3.6e6 * n.profile.carbon_g_kwh
+            carbon += r_e / 3.6e6 * nd.profile.carbon_g_kwh
             busy_s += (end - st) * g
-        idle = max(n.profile.slots * life - n.busy_gpu_s, 0.0) * n.profile.power.idle_w
-        if n.end_t is None:
-            floor_w += n.profile.slots * n.profile.power.idle_w
-        busy_e += n.busy_energy_j
+        idle = max(nd.profile.slots * life - nd.busy_gpu_s, 0.0) * nd.profile.power.idle_w
+        if nd.end_t is None:
+            floor_w += nd.profile.slots * nd.profile.power.idle_w
+        busy_e += nd.busy_energy_j
         idle_e += idle
-        carbon += (n.busy_energy_j + idle) / 3.6e6 * n.profile.carbon_g_kwh
-        slot_s += n.profile.slots * life
-        busy_s += n.busy_gpu_s
+        carbon += (nd.busy_energy_j + idle) / 3.6e6 * nd.profile.carbon_g_kwh
+        slot_s += nd.profile.slots * life
+        busy_s += nd.busy_gpu_s
         peer_s += life
-        fates[n.fate] += 1
-        msgs_peers += n.msgs
-        bytes_peers += n.bytes
+        fates[nd.fate] += 1
+        msgs_peers += nd.msgs
+        bytes_peers += nd.bytes
 
     core_stats: Counter[str] = Counter()
     rejected: Counter[str] = Counter()
@@ -349,6 +360,7 @@ def _faults(rec: RunRecord) -> dict[str, Any]:
     for pid in sorted(rec.nodes):
         n = rec.nodes[pid]
         st = n.stats
+        row: dict[str, Any]
         if n.is_peer:
             row = {k: st.get(k, 0) for k in ("leases_abandoned", "results_undelivered", "leases_revoked")
                    if st.get(k, 0)}

@@ -42,13 +42,14 @@ from fedswarm.core.events import (
     ShardFinished,
 )
 from fedswarm.core.peer import PeerCore
+from fedswarm.core.runs import Ended, Runs, run_key
 from fedswarm.errors import RemoteProtocolError
 from fedswarm.core.wire import VerifyCache, decode_unverified
 from fedswarm.profiles import Profile
 
 from .metrics import StepFn
 from .plan import ClientPlan, PeerPlan, Plan, make_plan
-from .report import MSG_CLASS, JobRec, NodeRun, RunRecord, report
+from .report import MSG_CLASS, JobRec, NodeRun, RunRecord, open_runs, report
 from .scenario import Scenario
 from .workload import TraceJob
 
@@ -99,12 +100,9 @@ class NodeRec:
     start_t: float = 0.0
     end_t: float | None = None
     fate: str = "live"  # live | crashed | left
-    running: dict[tuple, tuple] = field(default_factory=dict)  # key -> (gen, segment start, RunShard)
-    # key -> (start of the run, joules of its earlier segments): a run whose
-    # level changed (SetLevel) is accounted segment by segment
-    segs: dict[tuple, tuple[float, float]] = field(default_factory=dict)
-    busy_gpu_s: float = 0.0
-    busy_energy_j: float = 0.0
+    #: the shards running here, their levels' segments and the busy GPU-seconds
+    #: and joules of the closed ones (fedswarm.core.runs, as every driver keeps them)
+    runs: Runs = field(default_factory=Runs)
     msgs: int = 0
     bytes: int = 0
     # -- injected faults ([[faults]]) --
@@ -146,7 +144,6 @@ class Simulator:
         self.bytes_kinds: Counter[str] = Counter()
         self.net_stats: Counter[str] = Counter()
         self.spins = 0
-        self.gen = 0
         self.intervals: list[tuple[float, float, str, int]] = []  # start, end, tenant, gpus (completed runs)
         self.wasted_gpu_s = 0.0
         self.capacity = StepFn(0.0, 0.0)
@@ -194,7 +191,8 @@ class Simulator:
         return rec
 
     def _add_peer(self, p: PeerPlan, boot: tuple[str, ...]) -> NodeRec:
-        rec = self._node(NodeRec(p.id, None, True, p.region, p.profile, p.profile.name))
+        rec = self._node(NodeRec(p.id, None, True, p.region, p.profile, p.profile.name,
+                                 runs=Runs(p.profile.power.power)))
         cfg = p.profile.peer_config(**{**self.sc.peer_overrides, "region": p.region, "bootstrap": boot})
         rec.core = PeerCore(p.identity, cfg, random.Random(p.core_seed), verify_cache=self.cache)
         return rec
@@ -377,34 +375,27 @@ class Simulator:
                 for m in targets:
                     self._send(rec, m, e.data, e.kind)
             elif t is RunShard:
-                self.gen += 1
-                key = (e.tenant, e.job_id, e.shard, e.attempt)
-                old = rec.running.pop(key, None)
+                old = rec.runs.start(self.now, e)  # a run under the same key ends, unfinished
                 if old is not None:
-                    self._account(rec, old, completed=False)
-                rec.running[key] = (self.gen, self.now, e)
+                    self._ended(old, completed=False)
+                key = run_key(e)
+                run = rec.runs.get(key)
+                assert run is not None
                 fin_t = self._finish_at(rec, self.now, e.run_s)
                 if fin_t < math.inf:  # a peer hung for good never finishes it
-                    self._push(fin_t, FIN, rec, key, self.gen)
+                    self._push(fin_t, FIN, rec, key, run.gen)
             elif t is SetLevel:
-                key = (e.tenant, e.job_id, e.shard, e.attempt)
-                run = rec.running.get(key)
+                run = rec.runs.set_level(self.now, e)
                 if run is None:
                     continue
-                _, seg_start, old_e = run
-                first, acc = rec.segs.get(key, (seg_start, 0.0))
-                rec.segs[key] = (first, acc + self._segment(rec, seg_start, old_e))
                 # the core's new run time counts from the run's start
-                left = max(e.run_s - (self.now - first), 0.0)
-                self.gen += 1
-                rec.running[key] = (self.gen, self.now, replace(old_e, level=e.level, run_s=e.run_s))
-                fin_t = self._finish_at(rec, self.now, left)
+                fin_t = self._finish_at(rec, self.now, run.left(self.now))
                 if fin_t < math.inf:
-                    self._push(fin_t, FIN, rec, key, self.gen)
+                    self._push(fin_t, FIN, rec, run_key(e), run.gen)
             elif t is CancelShard:
-                r = rec.running.pop((e.tenant, e.job_id, e.shard, e.attempt), None)
-                if r is not None:
-                    self._account(rec, r, completed=False)
+                ended = rec.runs.end(self.now, run_key(e))
+                if ended is not None:
+                    self._ended(ended, completed=False)
             elif t is ShardDelivered:
                 job = self.jobs.get(e.job_id)
                 if job is not None:
@@ -416,27 +407,14 @@ class Simulator:
             elif t is JobFinished:
                 self._job_finished(rec, e)
 
-    def _segment(self, rec: NodeRec, seg_start: float, e: RunShard) -> float:
-        """Charge the run's time since ``seg_start`` at its level; its joules."""
-        gpus = max(e.gpus, 1)
-        elapsed = max(self.now - seg_start, 0.0)
-        assert rec.profile is not None
-        energy = rec.profile.power.power(e.level) * elapsed * gpus
-        rec.busy_gpu_s += elapsed * gpus
-        rec.busy_energy_j += energy
-        return energy
-
-    def _account(self, rec: NodeRec, run: tuple, *, completed: bool) -> float:
-        """The run ends: charge its last segment; its total joules."""
-        _, seg_start, e = run
-        start, earlier = rec.segs.pop((e.tenant, e.job_id, e.shard, e.attempt), (seg_start, 0.0))
-        energy = earlier + self._segment(rec, seg_start, e)
-        gpus = max(e.gpus, 1)
+    def _ended(self, ended: Ended, *, completed: bool) -> None:
+        """A run ended (its joules are charged to the peer by ``Runs``): a
+        completed run counts in its tenant's share, any other is waste."""
+        e = ended.effect
         if completed:
-            self.intervals.append((start, self.now, self.tenant_of.get(e.tenant, e.tenant), gpus))
+            self.intervals.append((ended.began, ended.ended, self.tenant_of.get(e.tenant, e.tenant), ended.gpus))
         else:
-            self.wasted_gpu_s += max(self.now - start, 0.0) * gpus
-        return energy
+            self.wasted_gpu_s += ended.seconds * ended.gpus
 
     def _job_finished(self, rec: NodeRec, e: JobFinished) -> None:
         job = self.jobs.get(e.job_id)
@@ -469,9 +447,8 @@ class Simulator:
         self._after(rec)
 
     def _remove(self, rec: NodeRec, fate: str) -> None:
-        for key in sorted(rec.running):
-            self._account(rec, rec.running[key], completed=False)
-        rec.running.clear()
+        for ended in rec.runs.end_all(self.now):
+            self._ended(ended, completed=False)
         counted = rec.alive and not rec.leaving
         rec.alive = False
         rec.end_t = self.now
@@ -567,16 +544,16 @@ class Simulator:
                 a.sched = None
                 self._poll(a)
             elif kind == FIN:
-                run = a.running.get(b)
-                if run is None or run[0] != c or not a.alive:
+                if not a.runs.is_current(b, c) or not a.alive:
                     continue
                 if a.hung:  # only for hangs without a speed window (schedule()): noticed on resume
                     a.deferred.append((b, c))
                     continue
-                del a.running[b]
-                e: RunShard = run[2]
-                began = a.segs.get(b, (run[1], 0.0))[0]
-                energy = self._account(a, run, completed=True)
+                ended = a.runs.end(t, b)
+                assert ended is not None
+                self._ended(ended, completed=True)
+                e: RunShard = ended.effect
+                began, energy = ended.began, ended.energy_j
                 # deterministic result bytes per (job, shard): replicas agree
                 res = f"{e.job_id}/{e.shard}".encode()
                 # the executor reports what it measured: longer than expected on a slowed/hung peer
@@ -630,8 +607,9 @@ class Simulator:
             effects = core.poll(self.now)
             if core.stats["leases_lapsed"] != n0:
                 until = self.now + core.config.suspect_s
-                for pid in sorted(core._suspect):
-                    if core._suspect[pid] == until:
+                suspects = core.suspects
+                for pid in sorted(suspects):
+                    if suspects[pid] == until:
                         self.lapsed_at[pid] += 1
         else:
             effects = core.poll(self.now)
@@ -702,9 +680,8 @@ class Simulator:
             stale = sum(1 for lease in r.core.leases.values() if end - lease.last_ack_at > grace + 1.0)
         return NodeRun(
             id=r.id, is_peer=r.is_peer, name=r.name, profile=r.profile, started=r.started, start_t=r.start_t,
-            end_t=r.end_t, fate=r.fate, hung=r.hung, busy_gpu_s=r.busy_gpu_s, busy_energy_j=r.busy_energy_j,
-            msgs=r.msgs, bytes=r.bytes,
-            open_runs=[(r.running[k][1], r.running[k][2].gpus, r.running[k][2].level) for k in sorted(r.running)],
+            end_t=r.end_t, fate=r.fate, hung=r.hung, busy_gpu_s=r.runs.busy_s, busy_energy_j=r.runs.busy_j,
+            msgs=r.msgs, bytes=r.bytes, open_runs=open_runs(r.runs),
             stats=r.core.stats, rejected=r.core.rejected, stale_leases=stale, fault_ids=r.fault_ids,
         )
 
