@@ -54,7 +54,7 @@ def test_a_short_shard_invites_the_near_peer_that_runs_it_slower() -> None:
     near = _entry("N", base, throughput={"*": 0.7})
     c = ClientCore(ident(99), ClientConfig(explore_ratio=0.0), random.Random(1))
     now = base.issued_at
-    c._rtt.update({"F": (now, 0.17, 0.0), "N": (now, 0.03, 0.0)})
+    c.forecast._rtt.update({"F": (now, 0.17, 0.0), "N": (now, 0.03, 0.0)})
     short = JobSpec("s", "sim", 1, False, 0.5, 1, 0, None, 1.0, 0.0, now, b"\x80")
     assert c._pick(short, [far, near], 1, now) == ["N"]
     # a 5 s shard: F's 1.5 s faster run outweighs its round trips
@@ -170,13 +170,13 @@ def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
     s.step_until(s.now + 30)
     c = s.add_client()
     s.step_until(s.now + 10)
-    c._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1, s.now - 1000.0 + i, "j", 0, 0)]) for i in range(100)})
+    c.forecast._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1, s.now - 1000.0 + i, "j", 0, 0)]) for i in range(100)})
     jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=50.0))
     s._perform(c.id, eff)
     s.step_until(s.now + 3)
-    assert len(c._pending) <= 51
-    assert any(not p.startswith("gone-") for p in c._pending)  # the fresh award is kept
-    assert "gone-0" not in c._pending and "gone-99" in c._pending  # the oldest go first
+    assert len(c.forecast._pending) <= 51
+    assert any(not p.startswith("gone-") for p in c.forecast._pending)  # the fresh award is kept
+    assert "gone-0" not in c.forecast._pending and "gone-99" in c.forecast._pending  # the oldest go first
 
 
 def _stale_view_run(max_rebids: int) -> tuple[float, int]:
@@ -599,7 +599,7 @@ def _old_free_states_run(stale_gain: float) -> tuple[float, bool, float, int]:
     s.step_until(s.now + 500, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok
     ran = next(d.peer for d in s.delivered if d.job_id == jid)
-    return s.now - t0, ran in slow, max(a._stale), a.stats["rebids"]
+    return s.now - t0, ran in slow, max(a.forecast.stale_means), a.stats["rebids"]
 
 
 def test_a_second_look_ranks_old_free_states_down_by_how_far_bids_found_them_off() -> None:
@@ -630,11 +630,11 @@ def test_staleness_classes_cover_every_state_and_grow_with_age(age_a: float, age
     now = base.issued_at + 2e6
     spec = JobSpec("s", "sim", 1, False, 5.0, 1, 0, 30.0 if deadline else None, 1.0, 0.0, now, b"\x80")
     young, old = sorted((age_a, age_b))
-    k_young = c._stale_class(spec, dataclasses.replace(base, issued_at=now - young), now, wait)
-    k_old = c._stale_class(spec, dataclasses.replace(base, issued_at=now - old), now, wait)
-    assert 0 <= k_young <= k_old < len(c._stale)
+    k_young = c.forecast.stale_class(spec, dataclasses.replace(base, issued_at=now - young), now, wait)
+    k_old = c.forecast.stale_class(spec, dataclasses.replace(base, issued_at=now - old), now, wait)
+    assert 0 <= k_young <= k_old < len(c.forecast.stale_means)
     # free / busy and deadline / none are told apart within an age class
-    k_free = c._stale_class(spec, dataclasses.replace(base, issued_at=now - young), now, 0.0)
+    k_free = c.forecast.stale_class(spec, dataclasses.replace(base, issued_at=now - young), now, 0.0)
     assert k_young - k_free == (2 if wait > 0.5 else 0)
     assert k_young % 2 == int(deadline)
 
@@ -704,7 +704,7 @@ def test_a_round_waits_for_an_invitee_whose_state_says_it_could_win() -> None:
     s.step_until(s.now + 10)
     fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
     s.crash(fast)
-    window = c._bid_window(list(s.peers))  # the fast peer's timeout, if a view pull timed it
+    window = c.forecast.bid_window(list(s.peers))  # the fast peer's timeout, if a view pull timed it
     t0 = s.now
     jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0))
     s._perform(c.id, eff)
@@ -726,7 +726,7 @@ def test_a_round_does_not_wait_for_a_lost_bid_that_could_only_tie() -> None:
     c = s.add_client(0)
     s.delay = lambda src, e: 0.002 if mute not in (src, e.to) and c.id in (src, e.to) else 0.0
     s.step_until(s.now + 10)
-    gain = min(c._transit(p) for p in s.peers if p != mute) - c._transit(mute)
+    gain = min(c.forecast.transit(p) for p in s.peers if p != mute) - c.forecast.transit(mute)
     assert 0.0 < gain < c.config.close_margin_s
     s.drop = lambda src, e: src == mute and e.kind == "Bid"
     t0 = s.now
@@ -798,7 +798,7 @@ def test_a_round_does_not_wait_for_a_bid_whose_round_trip_costs_more_than_it_cou
     # the far peer would finish 0.1 s sooner if its bid were in hand now,
     # but its bid is 0.4 s away: awarding the near peer at once is sooner
     took, c, first, second = _far_fast_peer_run()
-    far = next(p for p in c.view.peers() if c._transit(p) > 0.3)
+    far = next(p for p in c.view.peers() if c.forecast.transit(p) > 0.3)
     assert second != far
     assert c.stats["rounds_closed_early"] >= 1
     assert took < 1.2  # 1.07 s here; 1.55 s (to the far peer) with the rule off
@@ -824,11 +824,11 @@ def test_a_finished_award_no_longer_holds_a_slot_in_the_view() -> None:
     spec = c.jobs[jid].spec
     s.step_until(s.now + 1)
     e = c.view.get(pid)
-    assert c._view_wait(spec, e, s.now) > 3.5  # the award is queued there
+    assert c.forecast.view_wait(spec, e, s.now) > 3.5  # the award is queued there
     s.step_until(s.now + 30, stop=lambda: jid in s.finished)
     # read through the state the award was made on: only the result says
     # the slot is free again
-    assert c._view_wait(spec, e, s.now) == 0.0
+    assert c.forecast.view_wait(spec, e, s.now) == 0.0
 
 
 def test_bids_slower_than_the_timed_round_trip_still_win_work() -> None:
@@ -837,7 +837,7 @@ def test_bids_slower_than_the_timed_round_trip_still_win_work() -> None:
     # out before its bid comes; the late bids must count as round trips,
     # or no round ever waits long enough and the job never runs.
     s, c, peer = _one_slot_peer_and_client(6)
-    assert c._rto(peer) is not None and c._rto(peer) < 0.3  # a pull timed it
+    assert c.forecast.rto(peer) is not None and c.forecast.rto(peer) < 0.3  # a pull timed it
     s.delay = lambda src, e: 0.3 if e.kind == "Bid" else 0.0
     t0 = s.now
     jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=1.0))

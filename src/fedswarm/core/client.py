@@ -24,7 +24,7 @@ or a failed result reopens the shard with the next attempt number; a shard
 that failed ``max_attempts`` times fails the job.
 
 Invitations go to the peers with the earliest estimated finish in the
-client's view (``_eta``, plus twice the transit: the call and its bid,
+client's view (``Forecaster.eta``, plus twice the transit: the call and its bid,
 the award and its result), a share of them
 (``explore_ratio``) swapped for random others. The view is tens of seconds
 old, so bids are fresh news: each bid's start time is remembered for that
@@ -32,7 +32,7 @@ peer until a newer state of it arrives, and when the best bid of a round
 finishes far later than the view promises elsewhere (``rebid_gain``,
 ``rebid_min_s``), the round is run again with the next-ranked peers, keeping
 its bids, at most ``max_rebids`` times. Every bid also teaches the client how
-far off states of its age were (``_stale``, ``stale_gain``); such a second
+far off states of its age were (``Forecaster.learn_stale``, ``stale_gain``); such a second
 look ranks by the view so corrected, fresh states before old ones.
 
 View pulls: every ``gossip_interval_s`` the client asks one peer for
@@ -83,8 +83,9 @@ from .events import (
 )
 from .fairness import deadline_left, run_time
 from .identity import Identity
-from .node import Node, smooth_rtt
-from .slots import fill, start_after
+from .forecast import Forecaster, position
+from .verdict import FAIL, WAIT, Candidate, settle
+from .node import Node
 from .view import ViewEntry
 from .wire import (
     Accusation,
@@ -117,8 +118,6 @@ class ShardState:
     DONE = "done"
 
 
-_MAX_PENDING = 256  # awards remembered per peer until its next state
-_AGE_CLASSES = 8  # ages of a state: [0, 1), [1, 3), [3, 7), ... [127, inf) seconds
 
 _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.OPEN, "invite"): ShardState.BIDDING,
@@ -167,7 +166,7 @@ class _Shard:
     live: set[int] = field(default_factory=set)
     backups: int = 0
     # verification: results held until a quorum of distinct peers agrees
-    candidates: list[tuple[str, int, ShardResult, bytes]] = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)
     exclude: set[str] = field(default_factory=set)
     award: Award | None = None  # the current attempt's award, until a renewal confirms it
     resend_s: float = 0.0  # how long that award may go unconfirmed before it is sent again
@@ -215,28 +214,6 @@ class _Job:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def _position(bid: Bid, k: int) -> float:
-    """When a shard would start on ``bid``'s peer behind ``k`` more shards
-    than the bid counted: the wait its ``next_s`` lists for that position;
-    past the list (or from a peer that sends none), whole waves of its
-    ``slots`` after the last wait it gave."""
-    if k == 0:
-        return bid.start_s
-    nxt = bid.next_s
-    if k <= len(nxt):
-        return nxt[k - 1]
-    if not nxt:
-        return bid.start_s + (k // bid.slots) * bid.run_s
-    return nxt[-1] + ((k - len(nxt)) // bid.slots + 1) * bid.run_s
-
-
-def _newest_half(d: dict[str, Any]) -> dict[str, Any]:
-    """The more recently updated half of a per-peer map whose values start
-    with the time of their update. Peers that left never send the newer
-    state that would clear their entry, so such maps are cut this way."""
-    return dict(sorted(d.items(), key=lambda kv: (kv[1][0], kv[0]))[len(d) // 2 :])
-
-
 class ClientCore(Node):
     """A tenant's auction and lease bookkeeping. See the module docstring."""
 
@@ -259,7 +236,7 @@ class ClientCore(Node):
             rate_burst=config.rate_burst,
             federations=config.federations,
         )
-        self.config = config
+        self._config = config
         self.jobs: dict[str, _Job] = {}
         self._suspect: dict[str, float] = {}
         self._last_heard = -math.inf  # when a valid message last arrived
@@ -277,27 +254,22 @@ class ClientCore(Node):
         #: the peer asked by our last pull, and when (its answer times a round trip)
         self._pulled: tuple[str, float] | None = None
         self._counter = 0
-        #: peer -> (last award time, [(run seconds, slots, sent at, job_id,
-        #: shard, attempt)] of each shard awarded there since its state was issued)
-        self._pending: dict[str, tuple[float, list[tuple[float, int, float, str, int, int]]]] = {}
-        #: peer -> (time, seconds to start, for a job with a deadline) its
-        #: last bid said: fresher than its state
-        self._news: dict[str, tuple[float, float, bool]] = {}
-        self._salt = zlib.crc32(identity.peer_id.encode())
-        self._ties: dict[str, int] = {}
-        #: peer -> (time of the last sample, smoothed round trip, its mean deviation)
-        #: from call for bids to bid
-        self._rtt: dict[str, tuple[float, float, float]] = {}
-        #: region -> smoothed round trip of the bids from its peers
-        self._region_rtt: dict[str, float] = {}
-        #: per staleness class (``_stale_class``): the mean of how much later
-        #: than their states predicted the peers have bid (0: no sample yet)
-        self._stale = [0.0] * (2 * 2 * _AGE_CLASSES)
+        #: round trips, bids as news, staleness, awards not yet in states, ties
+        self.forecast = Forecaster(config, self.view, zlib.crc32(identity.peer_id.encode()))
         #: the peers that lately won awards, oldest first: ranked in every sample
         self._good: dict[str, None] = {}
 
     # ------------------------------------------------------------------
     # public API
+
+    @property
+    def config(self) -> ClientConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: ClientConfig) -> None:
+        self._config = config
+        self.forecast.config = config
 
     @property
     def suspects(self) -> Mapping[str, float]:
@@ -384,7 +356,7 @@ class ClientCore(Node):
                     # the answer to our last pull: a round trip to that peer
                     # (and its region) before any call for bids goes there
                     self._pulled = None
-                    self._sample_rtt(inp.sender, now, now - pulled[1])
+                    self.forecast.sample_rtt(inp.sender, now, now - pulled[1])
                 return self._handle_gossip(now, inp.sender, msg)
             if isinstance(msg, PeerState):
                 self._merge_state(now, inp.data, signed)
@@ -644,14 +616,14 @@ class ClientCore(Node):
         shards = tuple(s.index for s in open_[:4096])
         rid = job.next_round_id
         job.next_round_id += 1
-        job.round = rnd = _Round(rid, shards, set(invited), now + self._bid_window(invited), now)
+        job.round = rnd = _Round(rid, shards, set(invited), now + self.forecast.bid_window(invited), now)
         if sampled:
             rnd.ranked = tuple(e.peer for e in cands)
         for p in invited:
             e = self.view.get(p)
-            if e is not None and self._news_wait(job.spec, e, now) is None:
-                w = self._view_wait(job.spec, e, now)
-                rnd.predicted[p] = (self._stale_class(job.spec, e, now, w), w)
+            if e is not None and self.forecast.news_wait(job.spec, e, now) is None:
+                w = self.forecast.view_wait(job.spec, e, now)
+                rnd.predicted[p] = (self.forecast.stale_class(job.spec, e, now, w), w)
         for i in shards:
             sh = job.shards[i]
             self._move(sh, "invite")
@@ -662,146 +634,6 @@ class ClientCore(Node):
         self.stats["cfb_sent"] += len(invited)
         self.stats["rounds"] += 1
         return out
-
-    def _sample_rtt(self, peer: str, now: float, sample: float) -> None:
-        """A call-for-bids-to-bid round trip of ``peer`` (RFC 6298's smoothing)."""
-        old = self._rtt.get(peer)
-        srtt, var = smooth_rtt(None if old is None else (old[1], old[2]), sample)
-        e = self.view.get(peer)
-        if e is not None:
-            region = e.state.region
-            prior = self._region_rtt.get(region)
-            if prior is not None or len(self._region_rtt) < 256:
-                self._region_rtt[region] = sample if prior is None else 0.875 * prior + 0.125 * sample
-        self._rtt[peer] = (now, srtt, var)
-        if len(self._rtt) > self.config.max_view:
-            self._rtt = _newest_half(self._rtt)
-
-    def _transit(self, peer: str, e: ViewEntry | None = None) -> float:
-        """Seconds an award to ``peer`` and its result spend on the wire: its
-        smoothed round trip; for a peer never heard from, that of its region
-        (as its state names it), and none for a region never heard from, so
-        that its peers get asked and measured (optimism: taking the mean of
-        the known instead kept one client calling far peers it had measured
-        over near ones it never tried). Among peers that would finish alike,
-        the near one hands back the result first (it matters for sub-second
-        shards)."""
-        r = self._rtt.get(peer)
-        if r is not None:
-            return r[1]
-        if e is None:
-            e = self.view.get(peer)
-        if e is not None:
-            prior = self._region_rtt.get(e.state.region)
-            if prior is not None:
-                return prior
-        return 0.0
-
-    def _bid_window(self, invited: list[str]) -> float:
-        """How long a round waits for bids: ``bid_window_s``, or less when
-        every invitee has answered before, namely the longest of their
-        retransmission timeouts (smoothed round trip plus four deviations).
-        A bid later than that is most likely not coming (the call or the
-        bid was lost, or the peer is gone or declined to bid), and a
-        sub-second job should not wait the whole window for it."""
-        cfg = self.config
-        worst = 0.0
-        for p in invited:
-            rto = self._rto(p)
-            if rto is None:
-                return cfg.bid_window_s
-            worst = max(worst, rto)
-        return min(cfg.bid_window_s, max(worst, cfg.bid_window_min_s))
-
-    def _rto(self, peer: str) -> float | None:
-        """Retransmission timeout for ``peer``: its smoothed round trip plus
-        four mean deviations (None: never heard from)."""
-        r = self._rtt.get(peer)
-        return None if r is None else r[1] + 4.0 * r[2]
-
-    def _view_wait(self, spec: JobSpec, e: ViewEntry, now: float, *, queued: bool = True) -> float:
-        """Seconds until one shard of ``spec`` would start on ``e``'s peer, as
-        its state says (and this client's awards there since).
-
-        When the state says when each slot frees (``free_s``), the queued
-        work (``backlog_s`` less what is running) is poured onto the
-        earliest slots, the state's age drains them, the shards this client
-        awarded there since that state was issued (``_pending``) take their
-        slots, and the shard starts when ``spec.gpus`` slots are free
-        (``core.slots``). A shard with a deadline skips the queued work: it
-        jumps the queue when it is urgent (``fairness.URGENT_SLACK``).
-        Without ``free_s`` the backlog is taken as an average per slot.
-        ``queued=False``: the soonest the shard could start, past running
-        work only (a fairness-ordered queue may put it ahead of the rest).
-        """
-        st = e.state
-        age = max(now - e.issued_at, 0.0)
-        g = max(spec.gpus, 1)
-        awarded: list[tuple[float, int]] = []
-        pend = self._pending.get(e.peer)
-        if pend is not None:
-            if e.issued_at > pend[0] + self.config.bid_window_s:
-                del self._pending[e.peer]  # a newer state already counts them
-            else:
-                awarded = [(a[0], a[1]) for a in pend[1]]
-        if st.free_s and len(st.free_s) == st.slots:
-            poured = 0.0
-            if spec.deadline_s is None and queued:
-                poured = max(st.backlog_s * st.slots - sum(st.free_s), 0.0)
-            t = fill(st.free_s, poured)  # sorted, >= 0
-            if not awarded:  # the common case: the g-th slot to free, less the state's age
-                return max(t[min(g, len(t)) - 1] - age, 0.0)
-            return start_after([max(x - age, 0.0) for x in t], awarded, g)
-        if not queued:
-            return 0.0  # no slot times: running and queued work are not told apart
-        backlog = max(st.backlog_s - age, 0.0)
-        return backlog + sum(r * h for r, h in awarded) / max(st.slots, 1)
-
-    def _news_wait(self, spec: JobSpec, e: ViewEntry, now: float) -> float | None:
-        """The wait the peer's last bid implies now, if that bid is newer
-        than its state and speaks for ``spec`` (a bid for a shard with a
-        deadline may have jumped a queue that a plain shard waits for)."""
-        news = self._news.get(e.peer)
-        if news is None:
-            return None
-        if e.issued_at > news[0]:
-            del self._news[e.peer]  # the state is newer than the bid
-            return None
-        if news[2] or spec.deadline_s is None:
-            return news[1] - (now - news[0])
-        return None
-
-    @staticmethod
-    def _stale_class(spec: JobSpec, e: ViewEntry, now: float, wait: float) -> int:
-        """Which of ``_stale``'s means applies to a prediction from ``e``'s
-        state: by the state's age (doubling classes), by whether it showed a
-        slot free, and by whether the shard has a deadline (it may jump a queue)."""
-        age = max(now - e.issued_at, 0.0)
-        k = min(int(math.log2(1.0 + age)), _AGE_CLASSES - 1)
-        return (k * 2 + (wait > 0.5)) * 2 + (spec.deadline_s is not None)
-
-    def _eta(self, spec: JobSpec, e: ViewEntry, now: float, *, stale: bool = False) -> float:
-        """Estimated finish of one shard of ``spec`` on ``e``'s peer: its
-        wait (``_view_wait``), at least what a newer bid of the peer said
-        (``_news_wait``), then its run. ``stale``: a wait from the state
-        alone is raised by how much later than such states (of that age)
-        peers have lately bid (``_stale``)."""
-        wait = self._view_wait(spec, e, now)
-        news = self._news_wait(spec, e, now)
-        if news is not None:
-            wait = max(wait, news)
-        elif stale:
-            wait += max(self._stale[self._stale_class(spec, e, now, wait)], 0.0)
-        return wait + run_time(spec, e.state.throughput)
-
-    def _learn_stale(self, rnd: _Round, peer: str, bid: Bid) -> None:
-        """Fold how far ``peer``'s state was off, by its bid, into the mean
-        of its staleness class."""
-        pred = rnd.predicted.get(peer)
-        if pred is None:
-            return
-        k, wait = pred
-        self._stale[k] += self.config.stale_gain * ((bid.start_s - wait) - self._stale[k])
 
     def _pick(self, spec: JobSpec, cands: list[ViewEntry], want: int, now: float, *, stale: bool = False
               ) -> list[str]:
@@ -823,22 +655,11 @@ class ClientCore(Node):
             return [e.peer for e in cands]
         n_explore = min(int(want * self.config.explore_ratio), want - 1)
         top = heapq.nsmallest(want - n_explore, cands,
-                              key=lambda e: (self._eta(spec, e, now, stale=stale) + 2.0 * self._transit(e.peer, e),
-                                             self._tie(e.peer)))
+                              key=lambda e: (self.forecast.eta(spec, e, now, stale=stale) + 2.0 * self.forecast.transit(e.peer, e),
+                                             self.forecast.tie(e.peer)))
         chosen = {e.peer for e in top}
         rest = [e for e in cands if e.peer not in chosen]
         return [e.peer for e in top] + [e.peer for e in self.rng.sample(rest, n_explore)]
-
-    def _tie(self, peer: str) -> int:
-        """This client's own order among peers its view ranks equal. A
-        shared order (by id) would send every client's shards to the same
-        peer whenever their views agree, e.g. on a swarm seen as idle."""
-        k = self._ties.get(peer)
-        if k is None:
-            if len(self._ties) >= 4 * self.config.max_view:
-                self._ties.clear()
-            k = self._ties[peer] = zlib.crc32(peer.encode(), self._salt)
-        return k
 
     def _backoff(self, job: _Job, now: float) -> None:
         cfg = self.config
@@ -855,7 +676,7 @@ class ClientCore(Node):
             self.stats["bids_late"] += 1
             late = job.closed
             if late is not None and late[0] == bid.round and signed.author in late[2]:
-                self._sample_rtt(signed.author, now, now - late[1])
+                self.forecast.sample_rtt(signed.author, now, now - late[1])
             return []
         if signed.author not in rnd.invited:
             raise RemoteProtocolError("uninvited-bid", signed.author[:16])
@@ -863,7 +684,7 @@ class ClientCore(Node):
             raise RemoteProtocolError("no-such-shard", bid.job_id)
         rnd.bids[signed.author] = bid
         rnd.unconfirmed[signed.author] = self._unconfirmed(signed.author, rnd.called_at)
-        self._sample_rtt(signed.author, now, now - rnd.called_at)
+        self.forecast.sample_rtt(signed.author, now, now - rnd.called_at)
         self.stats["bids_received"] += 1
         if len(rnd.bids) >= len(rnd.invited) or self._rest_would_lose(now, job, rnd):
             return self._close_round(now, job) + self._advance(now, job)
@@ -898,16 +719,16 @@ class ClientCore(Node):
         for p, (b, at, early) in self._bids_in_hand(job, rnd).items():
             if p in sh.exclude or p in self.banned:
                 continue
-            best = min(best, _position(b, self._awarded_since(p, at) + early) + b.run_s + self._transit(p))
+            best = min(best, position(b, self.forecast.awarded_since(p, at) + early) + b.run_s + self.forecast.transit(p))
         for p in rnd.invited:
             if p in rnd.bids or p in sh.exclude or p in self.banned:
                 continue
             e = self.view.get(p)
             if e is None:
                 return False
-            rtt = self._transit(p, e)
+            rtt = self.forecast.transit(p, e)
             arrives = max(rnd.called_at + rtt - now, 0.0)
-            soonest = self._view_wait(spec, e, now, queued=False) + run_time(spec, e.state.throughput)
+            soonest = self.forecast.view_wait(spec, e, now, queued=False) + run_time(spec, e.state.throughput)
             if arrives + soonest + rtt < best - self.config.close_margin_s:
                 return False
         self.stats["rounds_closed_early"] += 1
@@ -926,25 +747,12 @@ class ClientCore(Node):
         left = deadline_left(job.spec, min(shards), now)
         return math.inf if left is None else left
 
-    def _remember(self, now: float, peer: str, bid: Bid, deadline: bool) -> None:
-        """A bid is news about its peer, fresher than the peer's state."""
-        self._news[peer] = (now, bid.start_s, deadline)
-        if len(self._news) > self.config.max_view:
-            self._news = _newest_half(self._news)
-
-    def _awarded_since(self, peer: str, t: float) -> int:
-        pend = self._pending.get(peer)
-        return 0 if pend is None or pend[0] < t else sum(1 for a in pend[1] if a[2] >= t)
-
     def _unconfirmed(self, peer: str, t: float) -> int:
         """Awards sent to ``peer`` before ``t`` that it has not confirmed
         (no renewal yet): a bid it made may not count them, since a small
         call for bids can overtake a large award on the wire."""
-        pend = self._pending.get(peer)
-        if pend is None:
-            return 0
         n = 0
-        for _, _, when, jid, idx, attempt in pend[1]:
+        for _, _, when, jid, idx, attempt in self.forecast.pending(peer):
             if when >= t:
                 continue
             job = self._active.get(jid)
@@ -981,7 +789,7 @@ class ClientCore(Node):
         else:  # the sample the round ranked: a second look must not cost a whole view either
             pool = self._eligible(spec, now, [e for e in map(self.view.get, rnd.ranked)
                                               if e is not None and e.expires_at > now and not e.state.leaving])
-        alt = min((self._eta(spec, e, now) for e in pool if e.peer not in asked), default=math.inf)
+        alt = min((self.forecast.eta(spec, e, now) for e in pool if e.peer not in asked), default=math.inf)
         if best > left >= alt:
             return True
         return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
@@ -999,15 +807,15 @@ class ClientCore(Node):
         spec = job.spec
         out: list[Effect] = []
         for peer, bid in rnd.bids.items():
-            self._remember(now, peer, bid, spec.deadline_s is not None)
+            self.forecast.remember(now, peer, bid, spec.deadline_s is not None)
         bids = self._bids_in_hand(job, rnd)
         # shards this client gave a bidder (for other jobs) that its bid may
         # not count: those sent after the call, and those sent before it
         # that the bidder had not confirmed when it bid
-        unseen = {p: self._awarded_since(p, at) + early for p, (_, at, early) in bids.items()}
+        unseen = {p: self.forecast.awarded_since(p, at) + early for p, (_, at, early) in bids.items()}
         for peer, bid in rnd.bids.items():
             if not unseen[peer]:
-                self._learn_stale(rnd, peer, bid)
+                self.forecast.learn_stale(rnd.predicted.get(peer), bid)
         left = self._left(job, rnd.shards, now)
         # per bidder with unseen awards: the wait this client's own replay of
         # its queue says (it changes only when a shard is awarded there)
@@ -1017,7 +825,7 @@ class ClientCore(Node):
             # k shards ahead that the bid did not count: at the start the
             # bid lists for a (k+1)-th shard (its free slots go first), past
             # those spread on all its slots
-            finish = _position(bid, k) + bid.run_s
+            finish = position(bid, k) + bid.run_s
             if unseen[peer]:
                 # the bid's start is for the slots free when it was made;
                 # unseen awards may take exactly those. This client's own
@@ -1028,7 +836,7 @@ class ClientCore(Node):
                     e = self.view.get(peer)
                     wait = -math.inf
                     if e is not None:
-                        wait = self._eta(spec, e, now) - run_time(spec, e.state.throughput)
+                        wait = self.forecast.eta(spec, e, now) - run_time(spec, e.state.throughput)
                     floor[peer] = wait
                 finish = max(finish, wait + bid.run_s)
             return finish
@@ -1064,7 +872,7 @@ class ClientCore(Node):
                 if i not in bid.shards or peer in sh.exclude or peer in self.banned:
                     continue
                 finish = finish_on(peer, bid, assigned.get(peer, 0) + unseen[peer])
-                cost = (spec.weight * (finish + self._transit(peer))
+                cost = (spec.weight * (finish + self.forecast.transit(peer))
                         + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g))
                 key = (not (sh.candidates and self.is_trusted(peer)), finish > left, cost, peer)
                 if best is None or key < best[0]:
@@ -1075,13 +883,7 @@ class ClientCore(Node):
             peer, bid, expect = best[0][3], best[1], best[2]
             assigned[peer] = assigned.get(peer, 0) + 1
             floor.pop(peer, None)  # its queue has one more shard
-            pend = self._pending.get(peer)
-            held = pend[1] if pend is not None else []
-            if len(held) < _MAX_PENDING:
-                held.append((bid.run_s, max(spec.gpus, 1), now, spec.job_id, i, sh.attempt))
-            self._pending[peer] = (now, held)
-            if len(self._pending) > self.config.max_view:
-                self._pending = _newest_half(self._pending)
+            self.forecast.note_award(peer, now, (bid.run_s, max(spec.gpus, 1), now, spec.job_id, i, sh.attempt))
             self._move(sh, "award")
             sh.peer = peer
             self._note_good(peer)
@@ -1097,7 +899,7 @@ class ClientCore(Node):
             out.append(self._send(peer, award, now))
             sh.award = award
             if self.config.award_resend_s > 0:
-                sh.resend_s = self._resend_after(left - expect, expect, peer)
+                sh.resend_s = self.forecast.resend_after(left - expect, expect, peer)
                 heapq.heappush(self._award_heap, (now + sh.resend_s, job.spec.job_id, i, sh.attempt,
                                                   sh.lease_until, 0))
         if awarded_any:
@@ -1107,26 +909,6 @@ class ClientCore(Node):
             self._backoff(job, now)
             self.stats["rounds_no_bids"] += 1
         return out
-
-    def _resend_after(self, slack_s: float, expect_s: float, peer: str) -> float:
-        """How long an award may go unconfirmed before it is sent again.
-
-        The peer confirms an award with a renewal at once, so the wait is
-        its retransmission timeout (as for its bid, ``_rto``; the peer has
-        just bid, so it is known), and at most ``award_resend_s``, the shard's
-        expected run, or half its deadline slack (time left less its expected
-        finish), so a lost award still leaves it time to make its deadline;
-        never sooner than ``bid_window_min_s``. Each resend doubles the wait.
-        """
-        cfg = self.config
-        rto = self._rto(peer)
-        if rto is None:
-            rto = cfg.bid_window_s
-        cap = min(cfg.award_resend_s, max(min(slack_s / 2.0, expect_s), cfg.bid_window_min_s))
-        return max(min(rto, cap), cfg.bid_window_min_s)
-
-    # ------------------------------------------------------------------
-    # leases and results
 
     def _holder(self, job_id: str, shard: int, attempt: int, author: str) -> tuple[_Job, _Shard] | None:
         job = self.jobs.get(job_id)
@@ -1167,24 +949,13 @@ class ClientCore(Node):
         if found is None:
             raise RemoteProtocolError("unknown-lease", msg.job_id)
         job, sh = found
-        self._unpend(signed.author, msg.job_id, msg.shard, msg.attempt)
+        self.forecast.unpend(signed.author, msg.job_id, msg.shard, msg.attempt)
         self.stats["declines"] += 1
         sh.live.discard(msg.attempt)
         if not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._reopen(job, sh)
             return self._advance(now, job)
         return []
-
-    def _unpend(self, peer: str, job_id: str, shard: int, attempt: int) -> None:
-        """An award to ``peer`` is over (its result or decline came): it no
-        longer holds a slot there in this client's replay of the peer's
-        queue, until a newer state would have dropped it anyway."""
-        pend = self._pending.get(peer)
-        if pend is None:
-            return
-        held = [a for a in pend[1] if not (a[3] == job_id and a[4] == shard and a[5] == attempt)]
-        if len(held) != len(pend[1]):
-            self._pending[peer] = (pend[0], held)
 
     def _reopen(self, job: _Job, sh: _Shard) -> None:
         sh.live.discard(sh.attempt)
@@ -1198,9 +969,9 @@ class ClientCore(Node):
         if found is None:
             raise RemoteProtocolError("unsolicited-result", msg.job_id)
         job, sh = found
-        self._unpend(signed.author, msg.job_id, msg.shard, msg.attempt)
+        self.forecast.unpend(signed.author, msg.job_id, msg.shard, msg.attempt)
         ack = self._send(signed.author, ResultAck(msg.job_id, msg.shard, msg.attempt), now)
-        if job.finished or sh.state == ShardState.DONE or any(c[1] == msg.attempt for c in sh.candidates):
+        if job.finished or sh.state == ShardState.DONE or any(c.attempt == msg.attempt for c in sh.candidates):
             self.stats["results_duplicate"] += 1
             return [ack]
         out: list[Effect] = [ack]
@@ -1221,16 +992,11 @@ class ClientCore(Node):
                 self.stats["results_unchecked"] += 1
                 return out + self._accept(now, job, sh, author, msg)
             # hold the result and ask another peer for the same shard
-            sh.candidates.append((author, msg.attempt, msg, signed.raw))
+            sh.candidates.append(Candidate(author, msg.attempt, msg, signed.raw))
             sh.exclude.add(author)
             self.stats["verifications"] += 1
-            if current:
-                self._move(sh, "verify")
-                sh.attempt = max(sh.holders, default=-1) + 1
-                sh.peer = ""
-                job.next_round_at = -math.inf
-            return out + self._advance(now, job)
-        sh.candidates.append((author, msg.attempt, msg, signed.raw))
+            return out + self._ask_another(now, job, sh, current)
+        sh.candidates.append(Candidate(author, msg.attempt, msg, signed.raw))
         sh.exclude.add(author)
         return out + self._settle(now, job, sh, current)
 
@@ -1244,42 +1010,38 @@ class ClientCore(Node):
         rate = max(cfg.verify_min_rate, 1.0 - rep / cfg.verify_trust_after)
         return self.rng.random() < rate
 
-    def _settle(self, now: float, job: _Job, sh: _Shard, current: bool) -> list[Effect]:
-        """Decide a shard from the results collected for it, if they allow."""
-        groups: dict[bytes, list[tuple[str, int, ShardResult, bytes]]] = {}
-        for cand in sh.candidates:
-            groups.setdefault(cand[2].result, []).append(cand)
-        winner: list[tuple[str, int, ShardResult, bytes]] | None = None
-        for members in groups.values():
-            if any(self.is_trusted(c[0]) for c in members) or len(members) >= self.config.quorum:
-                if winner is None or len(members) > len(winner):
-                    winner = members
-        if winner is None:
-            if len(sh.candidates) >= self.config.max_replicas:
-                self.stats["verify_inconclusive"] += 1
-                return self._fail(now, job, sh, f"shard {sh.index}: {len(sh.candidates)} results, no quorum")
-            if current:
-                self._move(sh, "verify")
-                sh.attempt = max(sh.holders, default=-1) + 1
-                sh.peer = ""
-                job.next_round_at = -math.inf
-            return self._advance(now, job)
-        out: list[Effect] = []
-        good = {c[0] for c in winner}
-        for peer in sorted(good):
-            self.reputation[peer] = self.reputation.get(peer, 0.0) + 1.0
-        value = winner[0][2].result
-        for cand in sh.candidates:
-            if cand[2].result != value:
-                out.extend(self._caught(now, job, sh, cand, winner))
-        first = winner[0]
-        self.stats["results_verified"] += 1
-        return out + self._accept(now, job, sh, first[0], first[2])
+    def _ask_another(self, now: float, job: _Job, sh: _Shard, current: bool) -> list[Effect]:
+        """Hold the shard's results and auction it again for another opinion."""
+        if current:
+            self._move(sh, "verify")
+            sh.attempt = max(sh.holders, default=-1) + 1
+            sh.peer = ""
+            job.next_round_at = -math.inf
+        return self._advance(now, job)
 
-    def _caught(self, now: float, job: _Job, sh: _Shard, liar: tuple[str, int, ShardResult, bytes],
-                winner: list[tuple[str, int, ShardResult, bytes]]) -> list[Effect]:
-        peer = liar[0]
-        witnessed = any(self.is_trusted(c[0]) for c in winner)
+    def _settle(self, now: float, job: _Job, sh: _Shard, current: bool) -> list[Effect]:
+        """Decide a shard from the results collected for it, if they allow
+        (``verdict.settle``), and apply the verdict."""
+        cfg = self.config
+        trusted = {c.peer for c in sh.candidates if self.is_trusted(c.peer)}
+        verdict = settle(sh.candidates, trusted, quorum=cfg.quorum, max_replicas=cfg.max_replicas)
+        if verdict.outcome == FAIL:
+            self.stats["verify_inconclusive"] += 1
+            return self._fail(now, job, sh, f"shard {sh.index}: {len(sh.candidates)} results, no quorum")
+        if verdict.outcome == WAIT:
+            return self._ask_another(now, job, sh, current)
+        out: list[Effect] = []
+        for peer in verdict.agreeing:
+            self.reputation[peer] = self.reputation.get(peer, 0.0) + 1.0
+        for cand in verdict.liars:
+            out.extend(self._caught(now, job, sh, cand, verdict.winner))
+        first = verdict.winner[0]
+        self.stats["results_verified"] += 1
+        return out + self._accept(now, job, sh, first.peer, first.msg)
+
+    def _caught(self, now: float, job: _Job, sh: _Shard, liar: Candidate, winner: tuple[Candidate, ...]) -> list[Effect]:
+        peer = liar.peer
+        witnessed = any(self.is_trusted(c.peer) for c in winner)
         if peer not in self.banned:
             self.stats["liars_caught"] += 1
             self.reputation[peer] = -math.inf
@@ -1288,7 +1050,7 @@ class ClientCore(Node):
             return []  # results it returned before we caught it add nothing
         if witnessed:
             self._accused.add(peer)
-        evidence = (liar[3],) + tuple(c[3] for c in winner)
+        evidence = (liar.raw,) + tuple(c.raw for c in winner)
         acc = Accusation(job.spec.job_id, sh.index, peer, evidence)
         self.stats["accusations_published"] += 1
         return [Publish(TOPIC_ACCUSATIONS, self._encode(acc, now), "Accusation")]
