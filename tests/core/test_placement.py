@@ -29,8 +29,7 @@ def test_peer_state_says_when_its_slots_free_up() -> None:
     s = MiniSwarm(1, seed=3, peer_config=lambda i: PeerConfig(slots=4))
     c = s.add_client()
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", 2, work_s=100.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 2, work_s=100.0))
     s.step_until(s.now + 10)
     (peer,) = s.peers.values()
     free = peer._state(s.now).free_s
@@ -98,14 +97,12 @@ def test_priced_energy_slows_down_when_idle_and_races_behind_a_queue() -> None:
     s.step_until(s.now + 5)
     # idle peer: the slower level costs this shard 6.7 s and saves 1.4 kJ, worth it at lam = 0.01
     t0 = s.now
-    first, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, lam=0.01))
-    s._perform(c.id, eff)
+    first = s.submit(c, JobRequest("sim", 1, work_s=10.0, lam=0.01))
     s.step_until(s.now + 3)
     assert _levels(s, first) == {0.6}
     # three shards queued on the one slot: running slower would delay each of
     # them too, so the running shard is raised to full clock ...
-    busy, eff = c.submit(s.now, JobRequest("sim", 3, work_s=10.0))
-    s._perform(c.id, eff)
+    busy = s.submit(c, JobRequest("sim", 3, work_s=10.0))
     s.step_until(s.now + 3)
     (peer,) = s.peers.values()
     assert _levels(s, first) == {1.0} and peer.stats["levels_raised"] == 1
@@ -118,8 +115,7 @@ def test_priced_energy_slows_down_when_idle_and_races_behind_a_queue() -> None:
     (got,) = [d.energy_j for d in s.delivered if d.job_id == first]
     assert A100.energy(10.0, 0.6) + 1.0 < got < A100.energy(10.0, 1.0) - 1.0
     # ... and a new priced shard behind the queue is not slowed down
-    late, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, lam=0.01))
-    s._perform(c.id, eff)
+    late = s.submit(c, JobRequest("sim", 1, work_s=10.0, lam=0.01))
     s.step_until(s.now + 3)
     assert _levels(s, late) == {1.0}
 
@@ -134,8 +130,7 @@ def test_a_shard_run_again_after_its_holder_crashed_runs_at_full_clock() -> None
     s.step_until(s.now + 10)
     c = s.add_client()
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, deadline_s=60.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=10.0, deadline_s=60.0))
     s.step_until(s.now + 5)
     (first,) = [(pid, lease) for pid, p in s.peers.items() for key, lease in p.leases.items() if key[1] == jid]
     assert first[1].level == 0.6 and first[1].state == "running"
@@ -171,8 +166,7 @@ def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
     c = s.add_client()
     s.step_until(s.now + 10)
     c.forecast._pending.update({f"gone-{i}": (s.now - 1000.0 + i, [(5.0, 1, s.now - 1000.0 + i, "j", 0, 0)]) for i in range(100)})
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=50.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=50.0))
     s.step_until(s.now + 3)
     assert len(c.forecast._pending) <= 51
     assert any(not p.startswith("gone-") for p in c.forecast._pending)  # the fresh award is kept
@@ -190,14 +184,12 @@ def _stale_view_run(max_rebids: int) -> tuple[float, int]:
     b = s.add_client(2)
     s.step_until(s.now + 31)  # A pulled the view once; its next pull is 30 s away
     assert len(a._eligible(JobSpec("x", "sim", 1, False, 5.0, 1, 0, None, 1.0, 0.0, s.now, b""), s.now)) == 4
-    jb, eff = b.submit(s.now, JobRequest("sim", 2, work_s=400.0))
-    s._perform(b.id, eff)
+    jb = s.submit(b, JobRequest("sim", 2, work_s=400.0))
     s.step_until(s.now + 3)
     fast = [pid for i, pid in enumerate(s.peers) if i < 2]
     assert all(any(key[1] == jb for key in s.peers[pid].leases) for pid in fast)
     t0 = s.now
-    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=5.0))
-    s._perform(a.id, eff)
+    ja = s.submit(a, JobRequest("sim", 1, work_s=5.0))
     s.step_until(s.now + 400, stop=lambda: ja in s.finished)
     assert s.finished[ja].ok
     return s.now - t0, a.stats["rebids"]
@@ -227,8 +219,7 @@ def _throttled_run(work_s: float, deadline_s: float | None) -> tuple[float, int,
     first = list(s.peers)[0]
     s.peers[first].set_throughput("*", 1.0)
     t0 = s.now
-    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=work_s, deadline_s=deadline_s))
-    s._perform(a.id, eff)
+    ja = s.submit(a, JobRequest("sim", 1, work_s=work_s, deadline_s=deadline_s))
     s.step_until(s.now + 60, stop=lambda: ja in s.finished)
     assert s.finished[ja].ok
     return s.now - t0, a.stats["rebids"], [d.peer for d in s.delivered if d.job_id == ja] == [first]
@@ -257,8 +248,7 @@ def test_awards_made_after_a_bid_count_against_it() -> None:
     t0 = s.now
     jobs = []
     for _ in range(2):
-        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
-        s._perform(c.id, eff)
+        jid = s.submit(c, JobRequest("sim", 1, work_s=30.0))
         jobs.append(jid)
     s.step_until(s.now + 200, stop=lambda: all(j in s.finished for j in jobs))
     ran_on = {next(d.peer for d in s.delivered if d.job_id == j) for j in jobs}
@@ -269,12 +259,10 @@ def test_awards_made_after_a_bid_count_against_it() -> None:
 def _long_then_short(s: MiniSwarm, c: ClientCore) -> tuple[str, str, float]:
     """Job 1 (100 s of work), then, once it is awarded, job 2 (30 s): the
     two ids and how long job 2 took."""
-    j1, eff = c.submit(s.now, JobRequest("sim", 1, work_s=100.0))
-    s._perform(c.id, eff)
+    j1 = s.submit(c, JobRequest("sim", 1, work_s=100.0))
     s.step_until(s.now + 5, stop=lambda: c.stats["awards_sent"] >= 1)
     t0 = s.now
-    j2, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
-    s._perform(c.id, eff)
+    j2 = s.submit(c, JobRequest("sim", 1, work_s=30.0))
     s.step_until(s.now + 300, stop=lambda: j2 in s.finished)
     return j1, j2, s.now - t0
 
@@ -314,16 +302,14 @@ def test_a_bid_from_a_peer_with_unseen_awards_is_floored_by_the_clients_own_repl
     s.step_until(s.now + 10)
     jobs = []
     for n in (1, 2):
-        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=100.0))
-        s._perform(c.id, eff)
+        jid = s.submit(c, JobRequest("sim", 1, work_s=100.0))
         jobs.append(jid)
         slow_wire["on"] = n == 2
         s.step_until(s.now + 5, stop=lambda: c.stats["awards_sent"] >= n)
         if n == 1:
             s.step_until(s.now + 1)  # job 1's award confirmed
     t0 = s.now
-    j3, eff = c.submit(s.now, JobRequest("sim", 1, work_s=30.0))
-    s._perform(c.id, eff)
+    j3 = s.submit(c, JobRequest("sim", 1, work_s=30.0))
     s.step_until(s.now + 300, stop=lambda: j3 in s.finished)
     took = s.now - t0
     s.step_until(s.now + 300, stop=lambda: all(j in s.finished for j in jobs))
@@ -340,11 +326,9 @@ def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_ne
                   slow={0: 2.0})
     c = s.add_client()
     s.step_until(s.now + 5)
-    first, eff = c.submit(s.now, JobRequest("sim", 1, work_s=20.0))
-    s._perform(c.id, eff)
+    first = s.submit(c, JobRequest("sim", 1, work_s=20.0))
     s.step_until(s.now + 1)
-    late, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0, deadline_s=55.0, lam=0.01))
-    s._perform(c.id, eff)
+    late = s.submit(c, JobRequest("sim", 1, work_s=10.0, deadline_s=55.0, lam=0.01))
     s.step_until(s.now + 3)
     assert _levels(s, late) == {0.6}  # chosen at award time: 19 s wait + 16.7 s fits 0.8 x 55 s
     s.step_until(s.now + 200, stop=lambda: late in s.finished)
@@ -365,11 +349,9 @@ def _late_award_run(decline_late_s: float, b_work_s: float = 200.0,
     a, b = s.add_client(1), s.add_client(2)
     s.delay = lambda src, e: 1.0 if src == a.id and e.kind == "Award" and e.to == fast else 0.0
     s.step_until(s.now + 10)
-    jb, eff = b.submit(s.now, JobRequest("sim", 1, work_s=b_work_s))
-    s._perform(b.id, eff)
+    jb = s.submit(b, JobRequest("sim", 1, work_s=b_work_s))
     t0 = s.now
-    ja, eff = a.submit(s.now, JobRequest("sim", 1, work_s=10.0, deadline_s=a_deadline_s))
-    s._perform(a.id, eff)
+    ja = s.submit(a, JobRequest("sim", 1, work_s=10.0, deadline_s=a_deadline_s))
     s.step_until(s.now + 300, stop=lambda: ja in s.finished)
     took = s.now - t0
     ran = {d.job_id: d.peer for d in s.delivered}
@@ -400,16 +382,13 @@ def _slipped_run(decline_late_s: float) -> tuple[float, int, bool]:
     a, b = s.add_client(1), s.add_client(2)
     assert a.id == a_id
     s.step_until(s.now + 10)
-    first, eff = a.submit(s.now, JobRequest("sim", 1, work_s=36.0))
-    s._perform(a.id, eff)
+    first = s.submit(a, JobRequest("sim", 1, work_s=36.0))
     s.step_until(s.now + 1)
     t0 = s.now
-    x, eff = a.submit(s.now, JobRequest("sim", 1, work_s=10.0))
-    s._perform(a.id, eff)
+    x = s.submit(a, JobRequest("sim", 1, work_s=10.0))
     s.step_until(s.now + 1)
     assert s.peers[fast].leases and any(k[1] == x for k in s.peers[fast].leases)
-    urgent, eff = b.submit(s.now, JobRequest("sim", 3, work_s=20.0, deadline_s=55.0))
-    s._perform(b.id, eff)
+    urgent = s.submit(b, JobRequest("sim", 3, work_s=20.0, deadline_s=55.0))
     s.step_until(s.now + 300, stop=lambda: x in s.finished)
     ran = {d.job_id: d.peer for d in s.delivered}
     return s.now - t0, s.peers[fast].stats["shards_handed_back_late"], ran[x] == fast
@@ -457,8 +436,7 @@ def _tight_deadline_run(award_resend_s: float, deadline_s: float | None = 4.0, w
     c = s.add_client()
     s.step_until(s.now + 5)
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=work_s, deadline_s=deadline_s))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=work_s, deadline_s=deadline_s))
     s.step_until(s.now + 60, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok and seen
     return s.now - t0, c.stats["awards_resent"]
@@ -497,7 +475,7 @@ def test_a_start_now_bid_floored_by_unseen_awards_does_not_skip_the_second_look(
     jx, ex = a.submit(s.now, JobRequest("sim", 1, work_s=200.0))
     jy, ey = a.submit(s.now, JobRequest("sim", 1, work_s=4.0))
     s.delay = lambda src, e: 0.1 if e.kind == "Bid" and jy.encode() in e.data else 0.0
-    s._perform(a.id, ex + ey)
+    s.perform(a.id, ex + ey)
     s.step_until(s.now + 120, stop=lambda: jy in s.finished)
     assert s.finished[jy].ok
     first, second = list(s.peers)
@@ -518,15 +496,13 @@ def _silent_invitee_run(bid_window_min_s: float) -> float:
     s.step_until(s.now + 5)
     c = s.add_client()
     s.step_until(s.now + 5)
-    first, eff = c.submit(s.now, JobRequest("sim", 1, work_s=0.1))
-    s._perform(c.id, eff)
+    first = s.submit(c, JobRequest("sim", 1, work_s=0.1))
     s.step_until(s.now + 10, stop=lambda: first in s.finished)
     assert first in s.finished
     silent = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 4.0)
     s.drop = lambda src, e: src == silent and e.kind == "Bid"
     t0 = s.now
-    second, eff = c.submit(s.now, JobRequest("sim", 1, work_s=0.1))
-    s._perform(c.id, eff)
+    second = s.submit(c, JobRequest("sim", 1, work_s=0.1))
     s.step_until(s.now + 10, stop=lambda: second in s.finished)
     assert s.finished[second].ok
     return s.now - t0
@@ -553,8 +529,7 @@ def _awards_to_far_peer(seed: int) -> tuple[int, int]:
     s.step_until(s.now + 5)
     jobs = []
     for _ in range(8):
-        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=0.2))
-        s._perform(c.id, eff)
+        jid = s.submit(c, JobRequest("sim", 1, work_s=0.2))
         jobs.append(jid)
         s.step_until(s.now + 10, stop=lambda: jid in s.finished)
     ran = {d.job_id: d.peer for d in s.delivered}
@@ -585,17 +560,15 @@ def _old_free_states_run(stale_gain: float) -> tuple[float, bool, float, int]:
                      stale_gain=stale_gain)
     b = s.add_client(2)
     s.step_until(s.now + 31)  # A pulled the view once; its next pull is far away
-    jb, eff = b.submit(s.now, JobRequest("sim", 6, work_s=400.0))
-    s._perform(b.id, eff)
+    jb = s.submit(b, JobRequest("sim", 6, work_s=400.0))
     s.step_until(s.now + 3)
     fast = [pid for i, pid in enumerate(s.peers) if i < 6]
     slow = [pid for i, pid in enumerate(s.peers) if i >= 6]
     assert all(any(key[1] == jb for key in s.peers[pid].leases) for pid in fast)
     for pid in slow:
-        s._perform(pid, [s.peers[pid]._gossip_to(s.now, a.id, reply=False, entries=0)])
+        s.perform(pid, [s.peers[pid]._gossip_to(s.now, a.id, reply=False, entries=0)])
     t0 = s.now
-    jid, eff = a.submit(s.now, JobRequest("sim", 1, work_s=5.0))
-    s._perform(a.id, eff)
+    jid = s.submit(a, JobRequest("sim", 1, work_s=5.0))
     s.step_until(s.now + 500, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok
     ran = next(d.peer for d in s.delivered if d.job_id == jid)
@@ -656,8 +629,7 @@ def test_a_bid_lists_when_further_shards_start_so_an_unseen_award_does_not_take_
     s.step_until(s.now + 10)
     s.drop = lambda src, e: e.to == c.id and e.kind == "Gossip"
     s.delay = lambda src, e: 1.0 if src == c.id and e.kind == "Award" and e.to == fast else 0.0
-    busy, eff = other.submit(s.now, JobRequest("sim", 3, work_s=100.0))
-    s._perform(other.id, eff)
+    busy = s.submit(other, JobRequest("sim", 3, work_s=100.0))
     s.step_until(s.now + 5, stop=lambda: s.peers[fast]._busy_slots == 3)
     assert s.peers[fast]._busy_slots == 3
     j1, j2, took = _long_then_short(s, c)
@@ -678,16 +650,14 @@ def test_a_round_closes_without_the_invitee_whose_state_says_it_would_lose() -> 
     c = s.add_client(0)
     other = s.add_client(1)
     s.step_until(s.now + 10)
-    busy, eff = other.submit(s.now, JobRequest("sim", 1, work_s=100.0))
-    s._perform(other.id, eff)
+    busy = s.submit(other, JobRequest("sim", 1, work_s=100.0))
     s.step_until(s.now + 30)  # the busy state reaches the client
     (gone,) = [pid for pid, p in s.peers.items() if p._busy_slots]
     s.crash(gone)
     e = c.view.get(gone)
     assert e is not None and e.state.free_s[0] > 50
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=10.0))
     s.step_until(s.now + 60, stop=lambda: jid in s.finished)
     assert c.stats["rounds_closed_early"] == 1
     assert s.now - t0 < 10.0 + 0.5  # not 10 s + the 2 s window
@@ -706,8 +676,7 @@ def test_a_round_waits_for_an_invitee_whose_state_says_it_could_win() -> None:
     s.crash(fast)
     window = c.forecast.bid_window(list(s.peers))  # the fast peer's timeout, if a view pull timed it
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=10.0))
     s.step_until(s.now + 60, stop=lambda: jid in s.finished)
     assert c.stats["rounds_closed_early"] == 0
     assert s.now - t0 >= 10.0 + window
@@ -730,8 +699,7 @@ def test_a_round_does_not_wait_for_a_lost_bid_that_could_only_tie() -> None:
     assert 0.0 < gain < c.config.close_margin_s
     s.drop = lambda src, e: src == mute and e.kind == "Bid"
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=1.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=1.0))
     s.step_until(s.now + 30, stop=lambda: jid in s.finished)
     assert jid in s.finished and s.finished[jid].ok
     assert c.stats["rounds_closed_early"] == 1
@@ -754,15 +722,13 @@ def test_a_round_waits_for_an_invitee_whose_queue_the_shard_may_pass() -> None:
     other = s.add_client(1)
     s.step_until(s.now + 10)
     s.delay = lambda src, e: 0.2 if c.id in (src, e.to) and fast in (src, e.to) else 0.0
-    busy, eff = other.submit(s.now, JobRequest("sim", 3, work_s=30.0))
-    s._perform(other.id, eff)
+    busy = s.submit(other, JobRequest("sim", 3, work_s=30.0))
     s.step_until(s.now + 12)  # the fast peer's queue reaches the client's view
     assert sum(1 for lease in s.peers[fast].leases.values() if lease.key[1] == busy) == 3
     e = c.view.get(fast)
     assert e is not None and e.state.backlog_s > 40.0
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=10.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=10.0))
     s.step_until(s.now + 120, stop=lambda: jid in s.finished)
     ran = {d.job_id: d.peer for d in s.delivered}
     assert ran[jid] == fast
@@ -781,14 +747,12 @@ def _far_fast_peer_run() -> tuple[float, ClientCore, str, str]:
     s.step_until(s.now + 20)
     c = s.add_client(0)
     s.step_until(s.now + 10)
-    first, eff = c.submit(s.now, JobRequest("sim", 1, work_s=1.0))
-    s._perform(c.id, eff)
+    first = s.submit(c, JobRequest("sim", 1, work_s=1.0))
     s.step_until(s.now + 30, stop=lambda: first in s.finished)
     assert first in s.finished
     s.step_until(s.now + 5)
     t0 = s.now
-    second, eff = c.submit(s.now, JobRequest("sim", 1, work_s=1.0))
-    s._perform(c.id, eff)
+    second = s.submit(c, JobRequest("sim", 1, work_s=1.0))
     s.step_until(s.now + 30, stop=lambda: second in s.finished)
     ran = {d.job_id: d.peer for d in s.delivered}
     return s.now - t0, c, ran[first], ran[second]
@@ -819,8 +783,7 @@ def test_a_finished_award_no_longer_holds_a_slot_in_the_view() -> None:
     # the client counts its awards to a peer as queued there until a newer
     # state of the peer comes; once the shard's result is in, it is not
     s, c, pid = _one_slot_peer_and_client(5)
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=5.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=5.0))
     spec = c.jobs[jid].spec
     s.step_until(s.now + 1)
     e = c.view.get(pid)
@@ -840,8 +803,7 @@ def test_bids_slower_than_the_timed_round_trip_still_win_work() -> None:
     assert c.forecast.rto(peer) is not None and c.forecast.rto(peer) < 0.3  # a pull timed it
     s.delay = lambda src, e: 0.3 if e.kind == "Bid" else 0.0
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=1.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=1.0))
     s.step_until(s.now + 60, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok
     assert c.stats["rounds_no_bids"] >= 1
@@ -856,8 +818,7 @@ def _fast_peer_runs(rank_max: int, seed: int = 11) -> tuple[list[str], set[str],
     s.step_until(s.now + 30)
     ran_on: list[str] = []
     for _ in range(12):
-        jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=4.0))
-        s._perform(c.id, eff)
+        jid = s.submit(c, JobRequest("sim", 1, work_s=4.0))
         s.step_until(s.now + 300, stop=lambda: jid in s.finished)
         assert s.finished[jid].ok
         ran_on.append(next(d.peer for d in s.delivered if d.job_id == jid))

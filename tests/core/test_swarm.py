@@ -44,8 +44,7 @@ def test_gossip_bandwidth_does_not_grow_with_swarm_size() -> None:
 def run_job(s: MiniSwarm, shards: int, work_s: float = 3.0, chain: bool = False, until: float = 2000) -> str:
     c = s.add_client()
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", shards, work_s=work_s, chain=chain))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", shards, work_s=work_s, chain=chain))
     s.step_until(s.now + until, stop=lambda: jid in s.finished)
     return jid
 
@@ -69,8 +68,7 @@ def test_auction_survives_crashes_mid_job() -> None:
     s.step_until(s.now + 10)
     c = s.add_client()
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", 30, work_s=10.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 30, work_s=10.0))
     s.step_until(s.now + 3)
     holders = sorted(p for p, core in s.peers.items() if core.leases)
     for p in holders[:3]:
@@ -94,11 +92,10 @@ def test_cancel_stops_work_everywhere() -> None:
     s.step_until(s.now + 10)
     c = s.add_client()
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", 10, work_s=50.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 10, work_s=50.0))
     s.step_until(s.now + 5)
     assert any(p.leases for p in s.peers.values())
-    s._perform(c.id, c.cancel(s.now, jid))
+    s.cancel(c, jid)
     s.step_until(s.now + 5)
     assert not any(p.leases for p in s.peers.values())
     assert s.finished[jid].error == "cancelled"
@@ -109,8 +106,7 @@ def test_abandoned_work_is_garbage_collected_when_client_vanishes() -> None:
     s.step_until(s.now + 10)
     c = s.add_client()
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", 8, work_s=5000.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 8, work_s=5000.0))
     s.step_until(s.now + 5)
     assert any(p.leases for p in s.peers.values())
     s.crash(c.id)
@@ -160,8 +156,7 @@ def _twelve_shards_two_slow_peers(straggler_factor: float, decline_late_s: float
     c = s.add_client(verify="none", straggler_factor=straggler_factor)
     s.step_until(s.now + 5)
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 12, work_s=5.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 12, work_s=5.0))
     s.step_until(s.now + 5000, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok
     delivered_once(s, jid, 12)
@@ -216,8 +211,7 @@ def _one_shard(drop: Callable[[str, Send], bool], resend_s: float, work_s: float
     c = s.add_client()
     s.step_until(s.now + 5)
     t0 = s.now
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=work_s))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=work_s))
     s.step_until(s.now + 120, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok
     return s.now - t0, s, c
@@ -269,8 +263,7 @@ def _cut_off_run(who: str) -> tuple[ClientCore, str]:
     s.step_until(s.now + 10)
     c = s.add_client()
     s.step_until(s.now + 10)
-    jid, eff = c.submit(s.now, JobRequest("sim", 1, work_s=20.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", 1, work_s=20.0))
     s.step_until(s.now + 5)  # awarded and running
     holder[0] = c.jobs[jid].shards[0].peer
     assert holder[0] and any(s.peers[holder[0]].leases)
@@ -302,7 +295,7 @@ def test_an_idle_client_pulls_no_views_and_a_submit_pulls_once() -> None:
     jid, eff = c.submit(s.now, JobRequest("sim", 2, work_s=60.0))
     assert c.stats["pulls"] == 1
     assert any(isinstance(e, Send) and e.kind == "Gossip" for e in eff)
-    s._perform(c.id, eff)
+    s.perform(c.id, eff)
     s.step_until(s.now + 10, stop=lambda: not c._placing())
     assert not c._placing() and jid not in s.finished
     placed = c.stats["pulls"]

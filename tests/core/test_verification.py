@@ -14,8 +14,7 @@ from helpers import MiniSwarm
 def run(s: MiniSwarm, shards: int, **client_kw) -> tuple[str, object]:
     c = s.add_client(**client_kw)
     s.step_until(s.now + 5)
-    jid, eff = c.submit(s.now, JobRequest("sim", shards, work_s=2.0))
-    s._perform(c.id, eff)
+    jid = s.submit(c, JobRequest("sim", shards, work_s=2.0))
     s.step_until(s.now + 5000, stop=lambda: jid in s.finished)
     return jid, c
 
