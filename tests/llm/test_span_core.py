@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedswarm.core.energy import PowerModel
 from fedswarm.core.spans import (
     Admission,
     Advertise,
@@ -21,6 +22,7 @@ from fedswarm.core.spans import (
     Refusal,
     ServerLimits,
     ServingCore,
+    SetSpanLevel,
     SpanAd,
     SpanLoaded,
     SpanLoadFailed,
@@ -28,6 +30,7 @@ from fedswarm.core.spans import (
     choose_span,
     layout_score,
     per_block,
+    span_level,
 )
 
 BPP = 100  # cache bytes per position
@@ -390,3 +393,72 @@ def test_auto_span_size_half_the_model_or_what_fits():
     assert auto_span_size(32, 100, 2_000, cache_bytes=500) == 5  # (1000 - 500) // 100
     assert auto_span_size(32, 100, 100) == 1  # at least one block
     assert auto_span_size(4, 0, 0) == 2  # nothing known: half
+
+
+# -- routes: spans whose boundaries meet ---------------------------------------------
+
+def test_a_peer_moves_to_join_spans_whose_boundaries_do_not_meet():
+    """Blocks 0..7 all held by 0-4, 3-5 and 5-8, but no span starts at 4: no
+    chain. The spare holder of block 6 moves to 4-5, which joins them."""
+    pol = PlacementPolicy(n_blocks=1, tick_s=1.0, patience_s=1.0)
+    me = make(spans=((6, 7),), policy=pol, layers=8)
+    swarm = [SpanAd("a", 0, 4, 50.0), SpanAd("b", 3, 5, 50.0), SpanAd("c", 5, 8, 50.0), SpanAd("me", 6, 7, 50.0)]
+    out = me.poll(100.0, swarm)
+    assert LoadSpan(4, 5) in out
+    assert me.decisions[-1]["why"]["need"] == "route"
+    # once the chain exists nobody moves for it
+    swarm2 = [*swarm[:3], SpanAd("me", 4, 5, 50.0)]
+    other = make(spans=((6, 7),), policy=pol, self_id="d", layers=8)
+    assert not [e for e in other.poll(100.0, [*swarm2, SpanAd("d", 6, 7, 50.0)]) if isinstance(e, LoadSpan)]
+
+
+# -- energy: the clock level of a span -------------------------------------------------
+
+POWER = PowerModel(idle_w=60.0, max_w=400.0, alpha=2.5, levels=(0.6, 0.8, 1.0))
+
+
+def test_span_level_is_the_least_energy_level_that_meets_demand():
+    # u = demand / f must stay <= LEVEL_HEADROOM (0.5); among those, least mean power
+    assert span_level(POWER, 0.0, saturated=False) == 0.6
+    assert span_level(POWER, 0.25, saturated=False) == 0.6  # u = 0.42
+    assert span_level(POWER, 0.35, saturated=False) == 0.8  # 0.6 would be busy 58% of the time
+    assert span_level(POWER, 0.45, saturated=False) == 1.0
+    assert span_level(POWER, 0.9, saturated=False) == 1.0  # none keeps up with headroom: full clock
+    assert span_level(POWER, 0.0, saturated=True) == 1.0  # steps waited for a batch: full clock
+    capped = PowerModel(idle_w=60.0, max_w=400.0, alpha=2.5, cap_w=300.0, levels=(0.6, 0.8, 1.0))
+    assert span_level(capped, 0.9, saturated=True) == 0.8  # the fastest level under the cap
+    # a linear curve saves nothing by slowing down: the tie goes to the faster level
+    assert span_level(PowerModel(idle_w=10.0, max_w=100.0, alpha=1.0, levels=(0.5, 1.0)), 0.1, saturated=False) == 1.0
+    # the chosen level's mean power is never above full clock's
+    for d in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5):
+        f = span_level(POWER, d, saturated=False)
+        mean = lambda x: d / x * POWER.power(x) + (1 - d / x) * POWER.idle_w  # noqa: E731
+        assert mean(f) <= mean(1.0) + 1e-9
+
+
+def test_serving_core_chooses_its_level_from_demand_and_waiting_steps():
+    lim = ServerLimits(max_batch=1)
+    c = make(lim)
+    c.power = POWER
+    c.level_every_s = 2.0
+    assert c.poll(0.0) == [SetSpanLevel(0.6)] and c.level == 0.6  # idle: the lowest level
+    assert c.energy_state(0.0)["level"] == 0.6 and c.next_deadline() == 2.0
+    assert c.poll(1.0) == []  # not yet time to decide again
+    for t in range(2, 32):  # forwards that keep the device 70% busy at full clock
+        c.record_forward(float(t), 0.7)
+    assert 0.4 < c.demand(32.0) < 0.7  # decayed over LEVEL_TAU_S (30 s): 0.435
+    assert c.poll(32.0) == [SetSpanLevel(1.0)]
+    # idle again for long: back down, unless steps waited for a batch since the last decision
+    assert c.poll(300.0) == [SetSpanLevel(0.6)]
+    k = (("a", b"s" * 16, 0, 2))
+    for i in range(3):
+        c.enqueue(f"step{i}", k, 1)
+    assert c.take_batch() == ["step0"]
+    c.batch_done()
+    while c.take_batch():
+        c.batch_done()
+    out = c.poll(302.0)
+    assert out == [SetSpanLevel(1.0)] and c.level_changes == 4
+    # without a power model the level stays put and no effect comes out
+    plain = make()
+    assert plain.poll(0.0) == [] and plain.level == 1.0

@@ -42,10 +42,14 @@ patience_s`` (it did not move: a static peer, a failed load).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .energy import PowerModel
 
 __all__ = [
     "MAX_TENANT",
@@ -60,7 +64,11 @@ __all__ = [
     "Refusal",
     "Admission",
     "SpanAd",
+    "SwarmSpans",
     "ServingCore",
+    "SetSpanLevel",
+    "span_level",
+    "LEVEL_HEADROOM",
     "SpanLoaded",
     "SpanLoadFailed",
     "ProbeDone",
@@ -178,6 +186,100 @@ class SpanAd:
     throughput: float
 
 
+class SwarmSpans(Sequence[SpanAd]):
+    """The spans of a model in the view, with what every placement tick
+    derives from them computed once: the holders (sorted), each holder's
+    spans, and the per-block throughput and holder counts over all of them.
+
+    ``ServingCore.poll`` takes any sequence of ``SpanAd`` and wraps it in
+    one; a caller that feeds the same view to many cores (netsim: a swarm
+    of 1,000 peers shares one) passes a ``SwarmSpans`` and the O(spans) work
+    is done once, not once per peer and tick."""
+
+    def __init__(self, ads: Iterable[SpanAd], num_layers: int = 0) -> None:
+        self.ads: tuple[SpanAd, ...] = tuple(ads)
+        self.by_peer: dict[str, list[tuple[int, int, float]]] = {}
+        for a in self.ads:
+            self.by_peer.setdefault(a.peer, []).append((a.start, a.end, a.throughput))
+        self.peers: tuple[str, ...] = tuple(sorted(self.by_peer))
+        self._totals: dict[int, tuple[list[float], list[int]]] = {}
+        self._reach: dict[int, tuple[set[int], set[int]]] = {}
+        if num_layers:
+            self.totals(num_layers)
+
+    def __len__(self) -> int:
+        return len(self.ads)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.ads[i]
+
+    def __iter__(self) -> Iterator[SpanAd]:
+        return iter(self.ads)
+
+    def reach(self, num_layers: int) -> tuple[set[int], set[int]]:
+        """Boundaries a chain of these spans reaches from 0, and those that reach ``num_layers`` (cached)."""
+        got = self._reach.get(num_layers)
+        if got is None:
+            got = self._reach[num_layers] = _reach(((a.start, a.end) for a in self.ads), num_layers)
+        return got
+
+    def totals(self, num_layers: int) -> tuple[list[float], list[int]]:
+        """Per-block throughput and holder counts over every span here (cached)."""
+        got = self._totals.get(num_layers)
+        if got is None:
+            thr = [0.0] * num_layers
+            cnt = [0] * num_layers
+            for spans in self.by_peer.values():
+                _add(thr, cnt, spans, 1)
+            got = self._totals[num_layers] = (thr, cnt)
+        return got
+
+
+def _add(thr: list[float], cnt: list[int], spans: Iterable[tuple[int, int, float]], sign: int) -> None:
+    """Add (sign 1) or take away (-1) ``spans`` to per-block throughput and holder counts."""
+    L = len(thr)
+    for lo, hi, t in spans:
+        t = max(t, 0.0) * sign
+        for i in range(max(lo, 0), min(hi, L)):
+            thr[i] += t
+            cnt[i] += sign
+
+
+# -- energy: the clock level a span serves at ------------------------------------
+
+#: a span may run at a lower clock only while its forwards keep the device
+#: busy at most this fraction of the time at that clock (room for bursts)
+LEVEL_HEADROOM = 0.5
+LEVEL_TAU_S = 30.0  # time constant of the measured demand
+
+
+def span_level(power: PowerModel, demand: float, *, saturated: bool, headroom: float = LEVEL_HEADROOM) -> float:
+    """The clock level a span serves at, from the profile's power model.
+
+    ``demand`` is the fraction of the time the span's forwards would keep the
+    device busy at full clock (recent work over time). As for batch shards
+    (``core.energy``): the level of least energy that still meets the demand,
+    here the least mean power ``u * P(f) + (1 - u) * P_idle`` with
+    ``u = demand / f``, among the levels that keep ``u <= headroom``; the
+    fastest allowed level when none does or when the span is ``saturated``
+    (steps waited for a batch: the swarm needs all it has)."""
+    levels = power.allowed_levels()
+    fastest = levels[-1]
+    if saturated or demand < 0:
+        return fastest
+    best: tuple[float, float] | None = None
+    for f in levels:
+        if demand / f > headroom:
+            continue
+        # mean power above idle is demand * (P(f) - P_idle) / f: rank by the
+        # energy a unit of work costs above the idle floor (so an idle span
+        # waits at the level its next work is cheapest at)
+        w = (power.power(f) - power.idle_w) / f
+        if best is None or w <= best[0] * (1 + 1e-12):  # levels ascend: a tie goes to the faster
+            best = (w, f)
+    return fastest if best is None else best[1]
+
+
 # -- inputs and effects of placement ------------------------------------------
 
 @dataclass(frozen=True)
@@ -223,6 +325,13 @@ class Advertise:
 class Probe:
     peer: str
     timeout_s: float
+
+
+@dataclass(frozen=True)
+class SetSpanLevel:
+    """Run this peer's spans at clock ``level`` from now on (``span_level``)."""
+
+    level: float
 
 
 @dataclass
@@ -328,6 +437,92 @@ def _best_move(others: list[float], holders: list[int], n: int, thr: float, curr
     return best[1], best[2], best[3]
 
 
+def _may_raise(others: list[float], n: int, thr: float, bar: float) -> bool:
+    """Whether some window of ``n`` blocks with ``thr`` added on top of
+    ``others`` has its least served block at ``bar`` or above (and ``bar > 0``):
+    the necessary condition of a move for throughput."""
+    if bar <= 0.0:
+        return False
+    L = len(others)
+    for s in range(L - n + 1):
+        inner = min(others[s : s + n]) + thr
+        if inner < bar:
+            continue
+        if (s == 0 or min(others[:s]) >= bar) and (s + n >= L or min(others[s + n :]) >= bar):
+            return True
+    return False
+
+
+def _reach(spans: Iterable[tuple[int, int]], L: int) -> tuple[set[int], set[int]]:
+    """Block boundaries a chain of ``spans`` reaches from 0, and those from
+    which it reaches ``L`` (a chain exists iff ``L`` is in the first)."""
+    starts: dict[int, list[int]] = {}
+    ends: dict[int, list[int]] = {}
+    for lo, hi in spans:
+        if 0 <= lo < hi <= L:
+            starts.setdefault(lo, []).append(hi)
+            ends.setdefault(hi, []).append(lo)
+    out = []
+    for origin, edges in ((0, starts), (L, ends)):
+        seen, stack = {origin}, [origin]
+        while stack:
+            for nxt in edges.get(stack.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        out.append(seen)
+    return out[0], out[1]
+
+
+def _route_move(others: list[float], holders: list[int], n: int, cur: SpanRange, peer: str,
+                reach: tuple[set[int], set[int]], frontier: int, need: tuple[Any, ...]) -> tuple[Any, SpanRange] | None:
+    """Every block is held but no chain runs 0 -> L: the window of ``n``
+    blocks for ``peer`` (its span taken away: ``others``, ``holders``,
+    ``reach``) that joins a boundary reachable from 0 to one that reaches L
+    without uncovering a block; else the one that pushes the boundary
+    reachable from 0 (``frontier`` now) furthest. Best layout first, then
+    the current span, then a hash."""
+    fwd, back = reach
+    L = len(others)
+    best: tuple[Any, ...] | None = None
+    for s in range(L - n + 1):
+        if s not in fwd:
+            continue
+        c = list(holders)
+        v = list(others)
+        for i in range(s, s + n):
+            c[i] += 1
+            v[i] += 1.0
+        if any(x <= 0 for x in c):
+            continue
+        joins = s + n in back
+        if not joins and s + n <= frontier:
+            continue
+        k = (0 if joins else 1, 0 if joins else -(s + n), layout_score(v, c)[1], (s, s + n) != cur, _hash(peer, s))
+        if best is None or k < best[0]:
+            best = (k, (s, s + n))
+    if best is None or best[1] == cur:
+        return None
+    return (best[0][:3], _hash(peer, need)), best[1]
+
+
+class _Held:
+    """The live holders' spans for one tick: the swarm's, less the excluded
+    peers, with ours replaced (a read-only mapping, not a copy of 1,000 lists)."""
+
+    def __init__(self, by_peer: dict[str, list[tuple[int, int, float]]], excluded: set[str], me: str,
+                 mine: list[tuple[int, int, float]]) -> None:
+        self.by_peer, self.excluded, self.me, self.mine = by_peer, excluded, me, mine
+
+    def __getitem__(self, peer: str) -> list[tuple[int, int, float]]:
+        return self.mine if peer == self.me else self.by_peer[peer]
+
+    def peers(self) -> list[str]:
+        out = [p for p in self.by_peer if p not in self.excluded and p != self.me]
+        out.append(self.me)
+        return out
+
+
 # -- the state machine ----------------------------------------------------------
 
 class ServingCore:
@@ -374,6 +569,16 @@ class ServingCore:
         self._need_since: dict[tuple[Any, ...], float] = {}
         self._next_tick = 0.0
         self.decisions: list[dict[str, Any]] = []  # the last moves decided (bounded), for /status and tests
+        # energy (``span_level``): with a power model the core picks the clock
+        # level its spans serve at, every ``level_every_s``
+        self.power: PowerModel | None = None
+        self.level_every_s = 2.0
+        self.level = 1.0
+        self.level_changes = 0
+        self._work = 0.0  # decayed full-clock forward seconds (LEVEL_TAU_S)
+        self._work_t = 0.0
+        self._waited = False  # a step waited for a batch since the last level decision
+        self._next_level = 0.0
 
     # -- spans ------------------------------------------------------------------
     def add_span(self, now: float, start: int, end: int, *, bytes_per_pos: int, throughput: float) -> None:
@@ -509,6 +714,8 @@ class ServingCore:
             else:
                 rest.append(q)
         self._pending = rest
+        if rest:
+            self._waited = True
         self.running = True
         return batch
 
@@ -519,8 +726,41 @@ class ServingCore:
     def queued(self) -> int:
         return len(self._pending)
 
+    # -- energy -----------------------------------------------------------------
+    def record_forward(self, now: float, work_s: float) -> None:
+        """A forward that takes ``work_s`` seconds at full clock started at ``now``."""
+        self._work = self._decayed(now) + max(work_s, 0.0)
+        self._work_t = now
+
+    def _decayed(self, now: float) -> float:
+        dt = now - self._work_t
+        return self._work * math.exp(-dt / LEVEL_TAU_S) if dt > 0 else self._work
+
+    def demand(self, now: float) -> float:
+        """Busy fraction the recent forwards need at full clock (decayed over ``LEVEL_TAU_S``)."""
+        return self._decayed(now) / LEVEL_TAU_S
+
+    def energy_state(self, now: float) -> dict[str, Any]:
+        """What ``/status`` can show of the level choice."""
+        return {"level": self.level, "demand": round(self.demand(now), 4), "level_changes": self.level_changes,
+                "power_model": self.power is not None}
+
+    def _choose_level(self, now: float) -> list[Any]:
+        if self.power is None or now < self._next_level:
+            return []
+        self._next_level = now + self.level_every_s
+        f = span_level(self.power, self.demand(now), saturated=self._waited or len(self._pending) > 0)
+        self._waited = False
+        if f == self.level:
+            return []
+        self.level = f
+        self.level_changes += 1
+        return [SetSpanLevel(f)]
+
     # -- placement ------------------------------------------------------------------
     def next_deadline(self) -> float:
+        if self.power is not None and (self.policy is None or self._next_level < self._next_tick):
+            return self._next_level
         return self._next_tick
 
     def poll(self, now: float, swarm: Sequence[SpanAd] = ()) -> list[Any]:
@@ -529,16 +769,17 @@ class ServingCore:
         spans of this model in the view (other peers' and our own stale ones)."""
         self.expire(now)
         out: list[Any] = self._drains(now)
+        out.extend(self._choose_level(now))
         pol = self.policy
         if pol is None or now < self._next_tick:
             return out
         self._next_tick = now + pol.tick_s
-        holders = sorted({a.peer for a in swarm if a.peer != self.id})
-        for p in [p for p in self.suspects if p not in holders]:
+        sw = swarm if isinstance(swarm, SwarmSpans) else SwarmSpans(swarm)
+        for p in [p for p in self.suspects if p not in sw.by_peer or p == self.id]:
             del self.suspects[p]  # left the view
-        out.extend(self._probes(holders))
+        out.extend(self._probes(sw.peers))
         if self.loading is None:  # while an old span drains only a gap moves us again
-            out.extend(self._plan(now, swarm))
+            out.extend(self._plan(now, sw))
         return out
 
     def handle(self, now: float, inp: Any) -> list[Any]:
@@ -562,16 +803,19 @@ class ServingCore:
         pol = self.policy
         return pol is not None and self.suspects.get(peer, 0) >= pol.suspect_after
 
-    def _probes(self, holders: list[str]) -> list[Any]:
+    def _probes(self, holders: Sequence[str]) -> list[Any]:
+        """``holders``: sorted peer ids (ours skipped)."""
         pol = self.policy
         assert pol is not None
         # round robin: the holders after the last one probed, then from the start
-        order = [p for p in holders if p > self._probe_cursor] + [p for p in holders if p <= self._probe_cursor]
+        n = len(holders)
+        i0 = bisect.bisect_right(holders, self._probe_cursor)
         out: list[Any] = []
-        for p in order:
+        for j in range(n):
             if len(out) >= pol.max_probes:
                 break
-            if p in self._probing:
+            p = holders[(i0 + j) % n]
+            if p in self._probing or p == self.id:
                 continue
             self._probing.add(p)
             self._probe_cursor = p
@@ -612,28 +856,44 @@ class ServingCore:
         self.decisions.append({"t": round(now, 3), "what": what, "span": list(span), "why": why})
         del self.decisions[:-16]
 
-    def _plan(self, now: float, swarm: Sequence[SpanAd]) -> list[Any]:
+    def _plan(self, now: float, swarm: SwarmSpans) -> list[Any]:
         pol = self.policy
         assert pol is not None and self.primary is not None
         L = self.num_layers
         mine = self.primary
         my_thr = self.spans[mine].throughput
-        held: dict[str, list[tuple[int, int, float]]] = {}
-        for a in swarm:
-            if a.peer != self.id and not self.gone(a.peer):
-                held.setdefault(a.peer, []).append((a.start, a.end, a.throughput))
-        held[self.id] = [(mine[0], mine[1], my_thr)]
-        now_blocks = per_block((sp for spans in held.values() for sp in spans), L)
-        count = [0] * L
-        for spans in held.values():
-            for lo, hi, _ in spans:
-                for i in range(max(lo, 0), min(hi, L)):
-                    count[i] += 1
+        # the swarm's totals, less our own stale entries and the holders we
+        # found gone, plus our span as it is now
+        out_peers = [p for p in self.suspects if self.gone(p) and p in swarm.by_peer]
+        if self.id in swarm.by_peer:
+            out_peers.append(self.id)
+        thr0, cnt0 = swarm.totals(L)
+        now_blocks, count = list(thr0), list(cnt0)
+        for p in out_peers:
+            _add(now_blocks, count, swarm.by_peer[p], -1)
+        mine_spans = [(mine[0], mine[1], my_thr)]
+        _add(now_blocks, count, mine_spans, 1)
+        now_blocks = [max(x, 0.0) if c > 0 else 0.0 for x, c in zip(now_blocks, count)]
+        excluded = set(out_peers)
+        held = _Held(swarm.by_peer, excluded, self.id, mine_spans)
         uncovered = tuple(i for i, c in enumerate(count) if c == 0)
-        need: tuple[Any, ...] = ("gap", uncovered) if uncovered else ("thr",)
+        # a chain needs spans whose boundaries meet: every block can be held
+        # and still no chain run from block 0 to L (spans 0-4 and 3-5 and
+        # 5-8 cover 0..7, but no span starts at 4)
+        if not out_peers or out_peers == [self.id] and swarm.by_peer.get(self.id) == mine_spans:
+            fwd, back = swarm.reach(L)
+            if self.id not in swarm.by_peer:
+                fwd, back = _reach([(lo, hi) for p in held.peers() for lo, hi, _ in held[p]], L)
+        else:
+            fwd, back = _reach([(lo, hi) for p in held.peers() for lo, hi, _ in held[p]], L)
+        routable = L in fwd
+        need: tuple[Any, ...] = ("gap", uncovered) if uncovered else ("thr",) if routable else ("route",)
         for k in [k for k in self._need_since if k != need]:
             del self._need_since[k]
         draining = any(sl.draining for sl in self.spans.values())
+
+        def reach_without(peer: str) -> tuple[set[int], set[int]]:
+            return _reach([(lo, hi) for p in held.peers() if p != peer for lo, hi, _ in held[p]], L)
 
         def move_of(peer: str) -> tuple[Any, SpanRange] | None:
             spans = held[peer]
@@ -645,6 +905,10 @@ class ServingCore:
                 others[i] = max(others[i] - max(thr, 0.0), 0.0)
                 holders[i] -= 1
             cur = (a, b)
+            if need[0] == "route":
+                return _route_move(others, holders, b - a, cur, peer, reach_without(peer), max(fwd), need)
+            if not uncovered and not _may_raise(others, b - a, max(thr, 0.0), pol.min_gain * min(now_blocks)):
+                return None  # no window could pass the throughput test below (the usual tick: skip the search)
             w, after, after_holders = _best_move(others, holders, b - a, max(thr, 0.0), cur, peer)
             if w == cur:
                 return None
@@ -654,6 +918,9 @@ class ServingCore:
             elif before_u == 0 and after_u == 0 and min(after) >= pol.min_gain * min(now_blocks) > 0.0:
                 if peer == self.id and (now - self.last_change < pol.min_dwell_s or draining):
                     return None
+                f1, b1 = reach_without(peer)
+                if L not in f1 and not (w[0] in f1 and w[1] in b1):
+                    return None  # more throughput, but no chain through the swarm any more
             else:
                 return None
             return (layout_score(after, after_holders), _hash(peer, need)), w
@@ -665,7 +932,7 @@ class ServingCore:
         # the holders that would make a better move than ours, among the
         # first max_rank in an order every peer that sees this need shares
         rank = 0
-        for p in sorted((p for p in held if p != self.id), key=lambda p: _hash(p, need))[: pol.max_rank]:
+        for p in sorted((p for p in held.peers() if p != self.id), key=lambda p: _hash(p, need))[: pol.max_rank]:
             m = move_of(p)
             if m is not None and m[0] < me[0]:
                 rank += 1
@@ -673,6 +940,6 @@ class ServingCore:
             return []
         w = me[1]
         self.loading = w
-        self._note(now, "move", w, {"from": list(mine), "need": list(need[1]) if uncovered else "throughput",
-                                     "rank": rank})
+        self._note(now, "move", w, {"from": list(mine), "rank": rank,
+                                     "need": list(need[1]) if uncovered else "throughput" if routable else "route"})
         return [LoadSpan(*w)]
