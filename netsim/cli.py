@@ -115,6 +115,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     sc, jobs = loaded
+    if sc.llm is not None:  # LLM serving sessions: netsim.llm
+        from .llm import llm_run_main
+
+        return llm_run_main(args, sc, t0)
     if args.plot == "" and not args.out:
         print("netsim: error: --plot without a value needs --out (the figures go next to it)", file=sys.stderr)
         return 2
@@ -179,6 +183,10 @@ def compare_main(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     sc, jobs = loaded
+    if sc.llm is not None:  # LLM serving: fedswarm against static spans (netsim.llm)
+        from .llm import llm_compare_main
+
+        return llm_compare_main(args, sc, t0)
 
     with Progress(quiet=args.quiet) as prog:
         cmp = compare(sc, args.seed, policies, jobs, progress=prog)

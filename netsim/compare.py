@@ -86,6 +86,10 @@ def extras(res: dict[str, Any], trace: list[TraceJob]) -> dict[str, Any]:
 
 def compare(sc: Scenario, seed: int, policies: list[str], jobs: list[TraceJob] | None = None,
             progress: Any = None) -> dict[str, Any]:
+    if sc.llm is not None:  # LLM serving sessions: fedswarm against static spans, client-driven hops
+        from .llm import compare_llm
+
+        return compare_llm(sc, seed, progress)
     trace = Simulator(sc, seed, jobs=jobs).trace  # the workload every policy gets
     out: dict[str, Any] = {"scenario": sc.name, "seed": seed, "peers": sc.n_peers, "policies": {}}
     for pol in policies:

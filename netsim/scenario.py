@@ -114,6 +114,7 @@ class Scenario:
     profiles: dict[str, Profile] = field(default_factory=dict)
     faults: tuple[Fault, ...] = ()
     tenant_tasks: dict[str, str] = field(default_factory=dict)  # tenant -> task (default: ``task``)
+    llm: Any = None  # an ``[llm]`` table: netsim.llm.LLMConfig (LLM serving sessions; ``netsim run`` runs netsim.llm)
 
     def task_of(self, tenant: str) -> str:
         return self.tenant_tasks.get(tenant, self.task)
@@ -148,7 +149,7 @@ class Scenario:
 _TOP = {
     "name", "description", "max_time_s", "warmup_s", "settle_s", "sample_s", "bootstrap_peers",
     "pubsub_fanout", "forget_after_s", "profiles_dir", "swarm", "network", "churn", "workload", "peer", "client",
-    "faults",
+    "faults", "llm",
 }
 _NET = {"regions", "intra_ms", "inter_ms", "jitter_ms", "bandwidth_mbps", "loss", "duplicate", "reorder",
         "reorder_ms", "partitions"}
@@ -418,6 +419,13 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
         faults=faults,
         tenant_tasks=tenant_tasks,
     )
+    if "llm" in data:
+        from .llm import LLMError, parse_llm
+
+        try:
+            sc.llm = parse_llm(data["llm"], src)
+        except LLMError as exc:
+            raise ScenarioError(str(exc)) from None
     for k in ("bootstrap", "devices", "power", "throughput"):
         if k in sc.peer_overrides:
             raise ScenarioError(f"{src}: peer.{k}: set hardware in the profile, not the scenario")
