@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from fedswarm.core.client import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
+from fedswarm.core.contract import Core
 from fedswarm.core.events import (
     CancelShard,
     JobFinished,
@@ -107,7 +108,7 @@ class MiniSwarm:
         self._perform(idn.peer_id, c.start(self.now))
         return c
 
-    def node(self, pid: str) -> Any:
+    def node(self, pid: str) -> Core | None:
         return self.peers.get(pid) or self.clients.get(pid)
 
     def submit(self, client: ClientCore, req: JobRequest) -> str:
@@ -175,7 +176,8 @@ class MiniSwarm:
 
     def step_until(self, t_end: float, stop: Callable[[], bool] | None = None) -> None:
         while True:
-            nodes = sorted((pid, n) for pid, n in list(self.peers.items()) + list(self.clients.items()) if pid not in self.dead)
+            everyone: list[tuple[str, Core]] = [*self.peers.items(), *self.clients.items()]
+            nodes = sorted(((pid, n) for pid, n in everyone if pid not in self.dead), key=lambda kv: kv[0])
             t_next = min([n.next_deadline() for _, n in nodes] + [self.q[0][0] if self.q else float("inf"), t_end])
             self.now = max(self.now, t_next)
             if self.now >= t_end or (stop is not None and stop()):
