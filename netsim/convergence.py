@@ -31,6 +31,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from fedswarm.core.events import SetThroughput
+
 from .scenario import parse_scenario
 from .sim import Simulator
 
@@ -73,10 +75,11 @@ def measure(peers: int, *, interval: float = 0.2, fanout: int = 3, entries: int 
     coverage = sum(len(ids & set(r.core.view.peers())) - 1 for r in live) / max(len(live) * room, 1)
     src = live[0]
     core = src.core
-    old_seq = core._seq
+    old_seq = core.seq
     msgs0 = sim.msg_kinds.get("Gossip", 0)
     t0 = sim.now
-    core.set_throughput("*", round(core.throughput.get("*", 1.0) * 1.5, 3))  # a new fingerprint: re-signed at the next push
+    # a new fingerprint: re-signed at the next push
+    core.handle(sim.now, SetThroughput("*", round(core.throughput.get("*", 1.0) * 1.5, 3)))
     others = [r for r in live if r is not src]
     reached: dict[float, float] = {}
     curve: list[tuple[float, float]] = []

@@ -31,6 +31,7 @@ from fedswarm.core.client import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig
 from fedswarm.core.events import (
     CancelShard,
+    HandBackRunning,
     JobFinished,
     Leave,
     MessageReceived,
@@ -40,6 +41,7 @@ from fedswarm.core.events import (
     SetLevel,
     ShardDelivered,
     ShardFinished,
+    Submit,
 )
 from fedswarm.core.peer import PeerCore
 from fedswarm.core.runs import Ended, Runs, run_key
@@ -475,7 +477,7 @@ class Simulator:
     def _leave_end(self, rec: NodeRec) -> None:
         if not rec.alive:
             return
-        self._perform(rec, rec.core.hand_back_running(self.now))
+        self._perform(rec, rec.core.handle(self.now, HandBackRunning()))
         self._remove(rec, "left")
 
     def _join(self, p: PeerPlan) -> None:
@@ -502,8 +504,7 @@ class Simulator:
             lam=tj.lam,
             job_id=tj.job_id,
         )
-        _, effects = rec.core.submit(self.now, req)
-        self._perform(rec, effects)
+        self._perform(rec, rec.core.handle(self.now, Submit(req)))  # JobAccepted first: nothing to do
         self._after(rec)
 
     # ------------------------------------------------------------------
