@@ -51,11 +51,11 @@ from fedswarm.profiles import Profile
 
 from .metrics import StepFn
 from .plan import ClientPlan, PeerPlan, Plan, make_plan
-from .report import MSG_CLASS, JobRec, NodeRun, RunRecord, open_runs, report
+from .report import JobRec, NodeRun, RunRecord, open_runs, report
 from .scenario import Scenario
 from .workload import TraceJob
 
-__all__ = ["Simulator", "NodeRec", "JobRec", "MSG_CLASS"]
+__all__ = ["Simulator", "NodeRec", "JobRec"]
 
 MSG, POLL, FIN, SUBMIT, START, CRASH, LEAVE, LEAVE_END, JOIN, FORGET, RESCHED, HANG, RESUME = range(13)
 #: the plan's action kinds as the loop's
