@@ -462,3 +462,19 @@ def test_serving_core_chooses_its_level_from_demand_and_waiting_steps():
     # without a power model the level stays put and no effect comes out
     plain = make()
     assert plain.poll(0.0) == [] and plain.level == 1.0
+
+
+def test_a_move_for_throughput_that_would_leave_no_chain_is_not_made():
+    """Moving 2-4 onto 0-2 would lift the bottleneck (block 0: 10 -> 110
+    tokens/s) and keep every block held, but no span would start at 2."""
+    pol = PlacementPolicy(n_blocks=2, tick_s=1.0)
+    swarm = [SpanAd("a", 0, 2, 10.0), SpanAd("b", 1, 3, 100.0), SpanAd("c", 3, 4, 100.0)]
+    me = make(spans=((2, 4),), policy=pol, layers=4)
+    for t in (100.0, 110.0):  # not now, and not after waiting its turn either
+        assert not [e for e in me.poll(t, [*swarm, SpanAd("me", 2, 4, 100.0)]) if isinstance(e, LoadSpan)]
+    # with a span from 2 to 3 as well the same move keeps a chain (0-2, 2-3,
+    # 3-4) and is made, once b (whose move would be better) had its turn
+    me2 = make(spans=((2, 4),), policy=pol, layers=4)
+    swarm2 = [*swarm, SpanAd("d", 2, 3, 100.0), SpanAd("me", 2, 4, 100.0)]
+    assert not [e for e in me2.poll(100.0, swarm2) if isinstance(e, LoadSpan)]
+    assert LoadSpan(0, 2) in me2.poll(110.0, swarm2)

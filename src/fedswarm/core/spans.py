@@ -20,7 +20,11 @@ touches):
   serves (``LoadSpan``), switches (``Advertise``), drains the old span's
   sessions (bounded) and drops it (``DropSpan``). It probes the other span
   holders (``Probe``): a state in the view outlives a crashed peer by up to
-  its TTL, a probe that fails twice does not.
+  its TTL, a probe that fails twice does not;
+* the **clock level** of its spans (``span_level``, with a ``PowerModel`` in
+  ``power``): the least-energy level that keeps the measured demand under
+  ``LEVEL_HEADROOM`` of the device's time, full clock when steps wait for a
+  batch (``SetSpanLevel``; ``energy_state`` for ``/status``).
 
 The runtime (``fedswarm.llm_serving.BlockServer``) performs the effects: it
 runs the forwards on torch off the event loop, loads spans from the
@@ -37,7 +41,10 @@ Every peer works out the same for every span holder; holders whose move
 would help are ranked (best resulting layout first, then a hash of the peer
 id and the need, so peers that see the same gap do not all jump into it).
 The first moves at once, the k-th only after the need has lasted ``k *
-patience_s`` (it did not move: a static peer, a failed load).
+patience_s`` (it did not move: a static peer, a failed load). Every block
+held is not enough: when no chain of spans whose boundaries meet runs from
+block 0 to the last, a holder moves to join one (a "route" need), and a move
+for throughput that would leave no chain is not made.
 """
 
 from __future__ import annotations
