@@ -52,8 +52,7 @@ with its Ed25519 key (``sign_delegation``): ``{"client": PEER_ID, "session":
 signature, the session and model, the expiry, a route that covers blocks
 contiguously to the model's last block and names each peer once, this peer
 on it with the request's span, the sender the client or the route's previous
-hop, every hop a live peer of its view), computes, answers its sender (the client gets
-the output, a previous hop only ``length``), then sends the same ``forward``
+hop, every hop a live peer of its view), computes, sends the same ``forward``
 to the route's next hop with its output as ``hidden`` and the outputs of the
 hops before it as ``"outs": [TENSOR, ..]``. The last hop sends the client
 (on ``OUT_PROTOCOL``) ``{"op": "out", "model", "session", "span": [A, B],
@@ -62,7 +61,10 @@ every earlier hop's. A hop that
 could not reach the next one (or was refused) sends ``out`` naming the next
 hop's span with ``"outs"`` (the outputs up to its own), ``"error"`` and
 ``"detail"`` instead of ``"hidden"``. The client answers ``{"ok": true}``; it
-drives every hop whose output did not come itself.
+drives every hop whose output did not come itself. Each hop answers its
+sender too: the first hop the client, with its output, once the next hop's
+request is out; a later hop the previous one, with ``length`` only, once it
+passed the step on.
 """
 
 from __future__ import annotations

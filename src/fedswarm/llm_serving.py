@@ -412,7 +412,11 @@ class BlockServer:
         out = {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result}
         length = s.cache.length
         if deleg is not None:
-            if self.nursery is not None:  # the next hop's request goes out before our answer
+            # the first hop answers the client (which waits for it) once the
+            # next hop's request is out; a later hop answers the previous one
+            # (which waits for nobody) after passing the step on, which keeps
+            # fewer processes busy on the step's critical path
+            if self.nursery is not None and hop_i == 0:
                 await self.nursery.start(self._pass_on, deleg, hop_i, msg, out)
             else:
                 await self._pass_on(deleg, hop_i, msg, out)
