@@ -5,6 +5,9 @@ peer, ``core.llm_route`` per client), on the small shipped scenario
 
 import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -18,11 +21,13 @@ SMALL = SCENARIOS / "llm-small.toml"
 
 
 def test_a_run_replays_byte_for_byte_and_recovers_every_session_from_crashes(tmp_path):
-    outs = []
-    for i in range(2):
-        out = tmp_path / f"r{i}.json"
-        assert main(["run", str(SMALL), "--seed", "1", "--out", str(out), "-q"]) == 0
-        outs.append(out.read_bytes())
+    out = tmp_path / "r0.json"
+    assert main(["run", str(SMALL), "--seed", "1", "--out", str(out), "-q"]) == 0
+    # again in another process with other string hashes (no set order leaks in)
+    env = {**os.environ, "PYTHONHASHSEED": "7"}
+    subprocess.run([sys.executable, "-m", "netsim", "run", str(SMALL), "--seed", "1", "--out", str(tmp_path / "r1.json"),
+                    "-q"], check=True, env=env, cwd=netsim_helpers.REPO, capture_output=True)
+    outs = [out.read_bytes(), (tmp_path / "r1.json").read_bytes()]
     assert outs[0] == outs[1]
     import json
 
