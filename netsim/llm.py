@@ -797,23 +797,23 @@ class LLMSim:
         busy_s = level_s = 0.0
         span_changes = level_changes = 0
         by_profile: dict[str, dict[str, Any]] = {}
-        for s in self.order:
-            if s.core is None:
+        for sv in self.order:
+            if sv.core is None:
                 continue
-            life = (s.end_t if s.end_t is not None else end) - s.start_t
-            busy_j += s.busy_j
-            idle_j += s.power.idle_w * max(life - s.busy_s, 0.0)
-            busy_s += s.busy_s
-            level_s += s.level_s
-            span_changes += s.core.span_changes
-            level_changes += s.core.level_changes
-            p = by_profile.setdefault(s.profile.name, {"peers": 0, "blocks": s.n, "busy_s": 0.0, "span_changes": 0})
-            p["peers"] += 1
-            p["busy_s"] += s.busy_s
-            p["span_changes"] += s.core.span_changes
+            life = (sv.end_t if sv.end_t is not None else end) - sv.start_t
+            busy_j += sv.busy_j
+            idle_j += sv.power.idle_w * max(life - sv.busy_s, 0.0)
+            busy_s += sv.busy_s
+            level_s += sv.level_s
+            span_changes += sv.core.span_changes
+            level_changes += sv.core.level_changes
+            pe = by_profile.setdefault(sv.profile.name, {"peers": 0, "blocks": sv.n, "busy_s": 0.0, "span_changes": 0})
+            pe["peers"] += 1
+            pe["busy_s"] += sv.busy_s
+            pe["span_changes"] += sv.core.span_changes
         holders = [0] * self.L
-        for p, spans in self.ads.items():
-            if self.servers[p].alive:
+        for pid, spans in self.ads.items():
+            if self.servers[pid].alive:
                 for a, b, _ in spans:
                     for i in range(a, b):
                         holders[i] += 1
@@ -835,8 +835,8 @@ class LLMSim:
             "jain_tokens_per_weight": jain(shared) if shared else None,
             "mean_rho": sum(all_rho) / len(all_rho) if all_rho else None,
             "max_rho": max(all_rho) if all_rho else None,
-            "makespan_s": max((s.done_t for s in done), default=0.0) - min((s.arrival for s in self.sessions),
-                                                                             default=0.0),
+            "makespan_s": max((s.done_t or 0.0 for s in done), default=0.0) - min((s.arrival for s in self.sessions),
+                                                                                    default=0.0),
             "energy_j": busy_j + idle_j,
             "energy_busy_j": busy_j,
             "energy_idle_j": idle_j,
