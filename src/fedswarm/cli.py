@@ -646,25 +646,107 @@ async def _submit_swarm(a: argparse.Namespace, req: Any, sink: _Sink) -> str:
     prog = _Progress(req.shards, "off" if a.quiet else a.progress)
     t0 = time.monotonic()  # from here: open the transport, connect, learn peers, announce
     cfg = ClientConfig(verify=a.verify, federations=frozenset(a.trust_federation))
-    try:
-        with trio.fail_after(a.timeout):
-            async with open_swarm_client(a.bootstrap, identity=identity, min_peers=a.min_peers, config=cfg) as client:
+    stop = _Stop()
+
+    def add(o: Any) -> None:
+        sink.add({"shard": o.shard, "peer": o.peer, "attempt": o.attempt,
+                  "result": o.as_json()["result"], "energy_j": round(o.energy_j, 3)})
+
+    async def body() -> str | None:
+        async with open_swarm_client(a.bootstrap, identity=identity, min_peers=a.min_peers, config=cfg) as client:
+            job = None
+            with stop.waiting(deadline=trio.current_time() + a.timeout - (time.monotonic() - t0)):
                 job = await client.submit(req)
                 if not a.quiet:
                     print(f"job {job.job_id}: {req.shards} shards submitted by tenant {client.tenant} "
                           f"({time.monotonic() - t0:.3f}s after opening the transport)", file=sys.stderr)
                 async for o in job.results():
-                    sink.add({"shard": o.shard, "peer": o.peer, "attempt": o.attempt,
-                              "result": o.as_json()["result"], "energy_j": round(o.energy_j, 3)})
+                    add(o)
                     prog.update(job.done, o.peer)
                 for o in await job.wait():  # raises if the job failed; fills any gap
-                    sink.add({"shard": o.shard, "peer": o.peer, "attempt": o.attempt,
-                              "result": o.as_json()["result"], "energy_j": round(o.energy_j, 3)})
+                    add(o)
                 return str(job.job_id)
+            # Ctrl-C or --timeout while the job runs: cancel it at the peers that
+            # hold its shards (their slots go to other work at once, not when
+            # the leases run out), while the client can still send.
+            if job is not None and not job.finished:
+                await job.cancel()
+                await client.agent.drain(2.0)
+            return None
+
+    try:
+        # the job's own deadline is inside body(); this one also bounds the
+        # connect and the cleanup
+        with trio.fail_after(a.timeout + 10.0):
+            job_id = await stop.run(body, lambda: f"interrupted: {sink.missing()}")
+        if job_id is None:  # the job's deadline
+            raise trio.TooSlowError
     except trio.TooSlowError:
         raise JobTimeout(f"timed out after {a.timeout:g}s: {sink.missing()}") from None
     finally:
         prog.close()
+    return str(job_id)
+
+
+class _Stop:
+    """Ctrl-C for a trio command, taken as a signal instead of trio's
+    KeyboardInterrupt (which it raises wherever the main task is, inside a
+    library's bookkeeping, say, and that can leave a lock held or an event
+    never set, so that the cleanup waits forever).
+
+    The first Ctrl-C cancels the part of the body inside ``waiting()`` if the
+    body is there (the body then cleans up and stops), else the whole body;
+    either way ``run`` then raises KeyboardInterrupt. A second Ctrl-C exits at
+    once with the same message."""
+
+    def __init__(self) -> None:
+        import trio
+
+        self.hits = 0
+        self._whole = trio.CancelScope()
+        self._waiting: Any = None
+
+    def waiting(self, deadline: float) -> Any:
+        import trio
+
+        self._waiting = trio.CancelScope(deadline=deadline)
+        if self.hits:
+            self._waiting.cancel()
+        return self._waiting
+
+    def _hit(self, message: Any) -> None:
+        self.hits += 1
+        if self.hits == 1:
+            (self._waiting if self._waiting is not None else self._whole).cancel()
+        else:
+            print(f"peer submit: error: {message()}", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)
+
+    async def run(self, body: Any, message: Any) -> Any:
+        import signal
+
+        import trio
+
+        async def watch(sigs: Any) -> None:
+            async for _ in sigs:
+                self._hit(message)
+
+        result = None
+        try:
+            with trio.open_signal_receiver(signal.SIGINT) as sigs:
+                async with trio.open_nursery() as n:
+                    n.start_soon(watch, sigs)
+                    try:
+                        with self._whole:
+                            result = await body()
+                    finally:
+                        n.cancel_scope.cancel()
+        except BaseException:
+            if not self.hits:
+                raise
+        if self.hits:  # whatever the stopped body raised, this was a Ctrl-C
+            raise KeyboardInterrupt(message())
+        return result
 
 
 # -- completion -------------------------------------------------------------------------------

@@ -129,6 +129,7 @@ MSG_PROTOCOL = "/fedswarm/msg/1.0.0"
 _HDR = struct.Struct(">I")
 _READ_CHUNK = 1 << 20
 _ADDR_TTL = 24 * 3600
+TEARDOWN_S = 10.0  # after the body: how long py-libp2p's services and host get to stop
 
 
 def _set_reuseaddr_only(sock) -> None:  # noqa: ANN001 - trio socket
@@ -834,26 +835,31 @@ async def open_libp2p_transport(
     maddr = multiaddr.Multiaddr(listen_multiaddr)
     dht = (KadDHT(host, DHTMode.SERVER, enable_random_walk=False,
                   protocol_prefix=TProtocol("/fedswarm")) if config.dht else None)
-    async with host.run([maddr]), AsyncExitStack() as services:
-        await services.enter_async_context(background_trio_service(pubsub))
-        await services.enter_async_context(background_trio_service(gossipsub))
-        if dht is not None:
-            await services.enter_async_context(background_trio_service(dht))
-        await pubsub.wait_until_ready()
-        async with trio.open_nursery() as outer:
-            # background tasks live in their own nursery/cancel scope so that
-            # aclose() cancels them without cancelling the caller's body.
-            svc: trio.Nursery = await outer.start(_service_nursery)
-            transport = Libp2pTransport(identity, host, pubsub, gossipsub, config, svc, dht)
-            try:
-                if bootstrap:
-                    async with trio.open_nursery() as dials:
-                        for addr in bootstrap:
-                            dials.start_soon(_dial_quietly, transport, addr)
-                yield transport
-            finally:
-                with trio.CancelScope(shield=True):
-                    await transport.aclose()
+    # The teardown (py-libp2p's services and host) gets a deadline once the
+    # caller's body has ended: a service that does not finish on cancellation
+    # must not keep an interrupted command from exiting.
+    with trio.CancelScope() as teardown:
+        async with host.run([maddr]), AsyncExitStack() as services:
+            await services.enter_async_context(background_trio_service(pubsub))
+            await services.enter_async_context(background_trio_service(gossipsub))
+            if dht is not None:
+                await services.enter_async_context(background_trio_service(dht))
+            await pubsub.wait_until_ready()
+            async with trio.open_nursery() as outer:
+                # background tasks live in their own nursery/cancel scope so that
+                # aclose() cancels them without cancelling the caller's body.
+                svc: trio.Nursery = await outer.start(_service_nursery)
+                transport = Libp2pTransport(identity, host, pubsub, gossipsub, config, svc, dht)
+                try:
+                    if bootstrap:
+                        async with trio.open_nursery() as dials:
+                            for addr in bootstrap:
+                                dials.start_soon(_dial_quietly, transport, addr)
+                    yield transport
+                finally:
+                    teardown.deadline = trio.current_time() + TEARDOWN_S
+                    with trio.CancelScope(shield=True):
+                        await transport.aclose()
 
 
 class _DhtNotifee:
