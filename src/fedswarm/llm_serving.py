@@ -384,6 +384,8 @@ class BlockServer:
             raise WireError("too-large", f"1..{self.max_tokens} tokens per request")
         if not torch.isfinite(hidden).all():
             raise BadHidden("bad-request", "hidden holds non-finite values")
+        if deleg is not None and hop_i >= 2 and "outs" not in msg:
+            raise BadHidden("bad-request", "a forwarded step past the second hop carries 'outs'")
         if "outs" in msg:  # the outputs of the route's hops before the sender's (passed on to the client)
             outs = msg["outs"]
             if deleg is None or type(outs) is not list or len(outs) != max(hop_i - 1, 0):
@@ -491,8 +493,8 @@ class BlockServer:
                                                    timeout=self.forward_timeout)
                 resp = decode(raw)
                 why = "" if resp.get("ok") is True else f"{resp.get('error')}: {str(resp.get('detail', ''))}"
-            except (TransportError, WireError) as exc:
-                why = f"transport: {exc}"
+            except Exception as exc:  # unreachable, timed out, garbled, too large: the client drives it
+                why = f"transport: {type(exc).__name__}: {exc}"
             if not why:
                 self.forwarding["forwarded"] += 1
                 return

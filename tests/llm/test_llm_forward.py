@@ -55,6 +55,16 @@ async def forwarding_swarm(model_dir: Any, blocks: list[str]) -> AsyncIterator[A
         yield {"net": s.net, "servers": s.servers, "ids": s.peer_ids, "fwd": s.llm, "plain": plain}
 
 
+async def views_complete(s: dict[str, Any]) -> None:
+    """Until every serving peer's view holds the others (a peer refuses a
+    route naming a peer it has not heard of yet: the client would then
+    drive the hops itself and the counts below would not be the point)."""
+    await s["fwd"].wait_route()
+    with trio.fail_after(10):
+        while not all(set(s["ids"]) - {srv.self_id} <= srv.view_peers() for srv in s["servers"]):
+            await trio.sleep(0.02)  # gossip rounds; as SwarmLLM.wait_route polls its view
+
+
 def _server_of(s: dict[str, Any], peer: str) -> BlockServer:
     return s["servers"][s["ids"].index(peer)]
 
@@ -62,7 +72,7 @@ def _server_of(s: dict[str, Any], peer: str) -> BlockServer:
 def test_forwarded_tokens_equal_client_driven(tiny_dir):
     async def main():
         async with forwarding_swarm(tiny_dir, ["0:1", "1:3", "3:4"]) as s:
-            await s["fwd"].wait_route()
+            await views_complete(s)
             ref = await s["plain"].generate(PROMPT, N_NEW, greedy=True)
             assert s["plain"].forward_stats["steps"] == 0
             got = await s["fwd"].generate(PROMPT, N_NEW, greedy=True)
@@ -88,7 +98,7 @@ def test_dead_next_hop_falls_back_and_replays(tiny_dir):
 
     async def main():
         async with forwarding_swarm(tiny_dir, ["0:2", "2:4", "2:4"]) as s:
-            await s["fwd"].wait_route()
+            await views_complete(s)
             ref = await s["fwd"].generate(PROMPT, N_NEW, greedy=True)
             killed: list[str] = []
 
@@ -119,7 +129,7 @@ def test_refusing_next_hop_falls_back(tiny_dir):
 
     async def main():
         async with forwarding_swarm(tiny_dir, ["0:1", "1:3", "3:4"]) as s:
-            await s["fwd"].wait_route()
+            await views_complete(s)
             ref = await s["plain"].generate(PROMPT, N_NEW, greedy=True)
             mid = s["servers"][1]
 
