@@ -53,6 +53,7 @@ from .core.spans import (
     ServingCore,
     Session,
     SessionKey,
+    SetSpanLevel,
     SpanAd,
     SpanLoaded,
     SpanLoadFailed,
@@ -106,6 +107,7 @@ __all__ = [
     "start_block_server",
     "swarm_spans",
     "served_gaps",
+    "keep_level",
     "keep_placed",
 ]
 
@@ -195,6 +197,9 @@ class BlockServer:
         self.core.add_span(clock(), span.start, span.end, bytes_per_pos=_bytes_per_pos(span), throughput=throughput)
         self._changed = trio.Event()
         self.model_name: str | None = None
+        #: called with the clock level the core picks for the spans (the
+        #: daemon's runner applies it with the batch shards' levels)
+        self.on_level: Callable[[float], None] | None = None
         #: called as ``fn(tokens, seconds, batch)`` after each forward
         #: request is answered (metrics: per-hop and per-token latency)
         self.observers: list[Callable[[int, float, int], None]] = []
@@ -272,7 +277,14 @@ class BlockServer:
             "cache_bytes": self.cache_bytes,
             "stats": st,
             "forwarding": dict(self.forwarding),
+            "energy": self.core.energy_state(self.clock()),
         }
+
+    def apply_level(self, level: float) -> None:
+        """The core chose a clock level for the spans (``SetSpanLevel``):
+        hand it to whoever sets the device's clocks (``on_level``)."""
+        if self.on_level is not None:
+            self.on_level(level)
 
     async def handle(self, sender: str, data: bytes) -> bytes:
         self.stats.requests += 1
@@ -577,6 +589,8 @@ class BlockServer:
                 try:
                     block = self._blocks.get(batch[0].key[2:])
                     took = await trio.to_thread.run_sync(self._compute, block, batch)
+                    if took:  # the demand the clock level is chosen for, in full-clock seconds
+                        core.record_forward(self.clock() - took, took * core.level)
                     if self.charge is not None and took:
                         for it in batch:  # each row's part of the forward, to its tenant
                             self.charge(it.tenant or it.key[0], took / len(batch))
@@ -713,6 +727,8 @@ async def keep_placed(server: BlockServer, core: Any, transport: Any, load: Call
                 core.set_spans(tuple(Span(server.model_hash, a, b, thr) for a, b, thr in e.spans))
                 log.info("span change", extra={"fields": {"spans": [[a, b] for a, b, _ in e.spans],
                                                           "span_changes": sc.span_changes}})
+            elif isinstance(e, SetSpanLevel):
+                server.apply_level(e.level)
             elif isinstance(e, DropSpan):
                 server._blocks.pop((e.start, e.end), None)
                 log.info("span dropped", extra={"fields": {"span": [e.start, e.end],
@@ -749,6 +765,17 @@ async def keep_placed(server: BlockServer, core: Any, transport: Any, load: Call
             await trio.sleep(max(sc.next_deadline() - server.clock(), 0.05))
 
 
+async def keep_level(server: BlockServer) -> None:
+    """For a fixed span: the core's timer (session expiry and the clock
+    level) without placement."""
+    sc = server.core
+    while True:
+        for e in sc.poll(server.clock()):
+            if isinstance(e, SetSpanLevel):
+                server.apply_level(e.level)
+        await trio.sleep(max(sc.next_deadline() - server.clock(), 0.05))
+
+
 async def start_block_server(
     transport: Any,
     core: Any,
@@ -763,6 +790,7 @@ async def start_block_server(
     policy: PlacementPolicy | None = None,
     now: Callable[[], float] = time.time,
     load_span: Callable[..., Any] | None = None,
+    on_level: Callable[[float], None] | None = None,
 ) -> Any:
     """Load blocks ``A..B-1`` of the checkpoint (only those tensors), serve
     them under ``PROTOCOL`` on ``transport`` and advertise the span in the
@@ -776,6 +804,10 @@ async def start_block_server(
     start, end, device=, dtype=)`` loads a span (default: ``load_block_span``
     in this process; a peer in front of a Ray cluster passes
     ``runtime.ray_engine.span_loader``, which puts it in a Ray actor).
+    ``on_level(level)``, given a ``nursery``, takes the clock level the
+    core picks for the spans from the profile's power model (``span_level``:
+    the least-energy level that keeps demand under half the device's time,
+    full clock when steps wait for a batch).
     Returns a JSON-able description (or the ``BlockServer`` with
     ``return_server=True``).
     """
@@ -818,9 +850,15 @@ async def start_block_server(
         server.use_ledger(core.ledger, core.id, now)
     transport.set_request_handler(PROTOCOL, server.handle)
     core.set_spans((Span(mhash, start, end, thr),))
+    if on_level is not None and nursery is not None:
+        server.on_level = on_level
+        server.core.power = getattr(getattr(core, "config", None), "power", None)
     if placing:
         assert nursery is not None
         nursery.start_soon(lambda: keep_placed(server, core, transport, load, now=now))
+    elif server.on_level is not None:
+        assert nursery is not None
+        nursery.start_soon(keep_level, server)
     desc = {"model": mhash, "dir": str(d), "blocks": [start, end], "throughput": thr, "load_s": round(load_s, 3),
             "protocol": PROTOCOL, "placement": "auto" if placing else "fixed",
             "where": "ray" if load_span is not None else "local"}
