@@ -9,6 +9,7 @@ assert properties (every shard delivered once, correct results), not traces.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import trio
 from trio.testing import MockClock
@@ -120,6 +121,44 @@ def test_graceful_leave_hands_back_queued_shards(mock_clock: MockClock) -> None:
                 assert sorted(o.shard for o in outs) == list(range(9))
                 assert client.core.stats["declines"] >= 1
                 assert client.core.stats["leases_lapsed"] == 0  # handed back, not lost
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=mock_clock)
+
+
+class _AddrBook:
+    """The real in-memory transport, noting what the agent tells it about
+    how to dial peers (``add_peer_addrs``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.told: dict[str, list[list[str]]] = {}
+
+    def add_peer_addrs(self, peer_id: str, addrs: Any) -> None:
+        self.told.setdefault(peer_id, []).append(list(addrs))
+        self._inner.add_peer_addrs(peer_id, addrs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_the_agent_tells_the_transport_the_addresses_sends_carry(mock_clock: MockClock) -> None:
+    async def main() -> None:
+        net = MemoryNetwork()
+        clock = TrioClock()
+        ids = [ident(i, 98) for i in range(2)]
+        async with trio.open_nursery() as nursery:
+            for i, idn in enumerate(ids):
+                cfg = PeerConfig(bootstrap=(ids[0].peer_id,), addrs=(f"/memory/peer-{i}",))
+                agent = Agent(PeerCore(idn, cfg, random.Random(i)), net.add(idn), runner=VirtualRunner(), clock=clock)
+                await nursery.start(agent.run)
+            cid = ident(503, 98)
+            book = _AddrBook(net.add(cid))
+            async with open_client(book, cid, bootstrap=[ids[0].peer_id], clock=clock, seed=4) as client:
+                await client.wait_for_peers(2, timeout=30)
+                await client.run(JobRequest("sim", shards=4, work_s=1.0), timeout=120)
+            # each peer's address once (it did not change), from its signed state
+            assert book.told == {idn.peer_id: [[f"/memory/peer-{i}"]] for i, idn in enumerate(ids)}
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=mock_clock)
