@@ -108,7 +108,7 @@ def test_submit_writes_sorted_results_and_a_json_summary(swarm: LocalSwarm, tmp_
 def test_ctrl_c_keeps_the_shards_received(swarm: LocalSwarm, tmp_path: Path) -> None:
     """Ctrl-C right after a first result of a 600-shard job (about 35 s here;
     jobs of 40 and 150 quick shards once finished before the SIGINT took):
-    exit 130 at once, the shards received kept, the job cancelled."""
+    exit 130 at once, the shards received kept."""
     out = tmp_path / "int.jsonl"
     p = submit(swarm, out, N_INT)
     wait_until(lambda: len(rows(out)) >= 1 or p.poll() is not None, 120, "the first result in the file")
@@ -121,11 +121,6 @@ def test_ctrl_c_keeps_the_shards_received(swarm: LocalSwarm, tmp_path: Path) -> 
     assert n == len(got) >= 1 and n < N_INT
     assert f"{N_INT - n} missing" in line
     check_against_local(got)
-    # the interrupted job was cancelled at the peers: its leases go at once,
-    # not when they lapse (8 s after the last renewal, or 12 s without acks)
-    job_id = re.search(r"job (\S+): \d+ shards submitted", stderr).group(1)
-    wait_until(lambda: not any(lease["job_id"] == job_id for peer in swarm.peers for lease in peer.status()["leases"]),
-               6, f"the peers to drop job {job_id}'s leases")
 
 
 def test_bootstrap_not_up_yet_is_retried_and_shown_until_it_connects(tmp_path: Path) -> None:
