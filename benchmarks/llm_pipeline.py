@@ -49,7 +49,7 @@ import torch
 import trio
 
 import fedswarm.net.libp2p  # noqa: F401 - imported up front: import time is not connect time
-from fedswarm.localswarm import LocalSwarm
+from fedswarm.testing.localswarm import LocalSwarm
 from fedswarm.tasks.checkpoint import load_block_span, load_client_head, load_config, model_hash, resolve_model, save_checkpoint
 from fedswarm.tasks.llama import LlamaConfig, random_state_dict
 

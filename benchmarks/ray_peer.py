@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedswarm.localswarm import LocalSwarm, PeerProcess  # noqa: E402
+from fedswarm.testing.localswarm import LocalSwarm, PeerProcess  # noqa: E402
 from fedswarm.runtime.ray_engine import LocalRayCluster  # noqa: E402
 
 BASE = ROOT / "peers" / "cpu-laptop.toml"
@@ -119,7 +119,7 @@ async def engine_alone(a: argparse.Namespace, cluster: LocalRayCluster, work: Pa
     from fedswarm.core.events import RunShard
     from fedswarm.core.identity import load_or_create_key
     from fedswarm.core.peer import PeerCore
-    from fedswarm.daemon import ExecutorRunner
+    from fedswarm.daemon.runner import ExecutorRunner
     from fedswarm.profiles import load_profile
     from fedswarm.runtime.executor import ShardExecutor
     from fedswarm.runtime.ray_engine import RayRunner, connect_cluster

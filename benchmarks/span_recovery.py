@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedswarm.llm_serving import served_gaps
-from fedswarm.localswarm import LocalSwarm, PeerProcess
+from fedswarm.testing.localswarm import LocalSwarm, PeerProcess
 from fedswarm.tasks.checkpoint import load_config, resolve_model
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedswarm.core.client import JobRequest
+from fedswarm.core.client_core import JobRequest
 from fedswarm.testing import MiniSwarm
 
 

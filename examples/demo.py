@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedswarm.localswarm import LocalSwarm
+from fedswarm.testing.localswarm import LocalSwarm
 
 MODEL = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, pulled by scripts/setup.sh (`peer models pull`)
 SPANS = [(0, 10), (10, 20), (20, 30)]  # its 30 decoder blocks, one span per peer

@@ -24,7 +24,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from fedswarm.core.client import ClientCore, JobRequest
+    from fedswarm.core.client_core import ClientCore, JobRequest
     from fedswarm.core.config import ClientConfig, PeerConfig
     from fedswarm.core.events import MessageReceived, Send
     from fedswarm.core.identity import Identity

@@ -23,6 +23,6 @@ def dumps_results(results: dict) -> str:
     """Canonical JSON: sorted keys, floats at 6 significant digits."""
     import json
 
-    from .metrics import round_floats
+    from .stats import round_floats
 
     return json.dumps(round_floats(results), sort_keys=True, indent=1, allow_nan=False) + "\n"

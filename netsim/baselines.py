@@ -67,7 +67,7 @@ from fedswarm.core.events import RunShard
 from fedswarm.core.runs import RunKey, Runs
 from fedswarm.core.fairness import alone_time
 
-from .metrics import StepFn
+from .stats import StepFn
 from .plan import PeerPlan, make_plan
 from .report import JobRec, NodeRun, RunRecord, open_runs, report
 from .scenario import Scenario

@@ -127,7 +127,7 @@ def faults_main(args: Any) -> int:
     """``netsim faults``: run the fault matrix, print it, write JSON."""
     import json
 
-    from .metrics import round_floats
+    from .stats import round_floats
     from .scenario import ScenarioError
 
     from .progress import Progress

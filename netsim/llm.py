@@ -61,7 +61,7 @@ from fedswarm.core.spans import (
 )
 from fedswarm.profiles import Profile
 
-from .metrics import StepFn, jain, round_floats
+from .stats import StepFn, jain, round_floats
 from .workload import TraceError, check_dist, draw
 
 __all__ = ["LLMConfig", "LLMTenant", "parse_llm", "LLMSim", "run_llm", "compare_llm", "print_llm_table",

@@ -21,7 +21,7 @@ from typing import Any
 from fedswarm.core.runs import Runs
 from fedswarm.profiles import Profile
 
-from .metrics import StepFn, jain, rho
+from .stats import StepFn, jain, rho
 from .scenario import Scenario
 from .workload import TraceJob
 

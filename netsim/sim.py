@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig
 from fedswarm.core.events import (
     CancelShard,
@@ -49,7 +49,7 @@ from fedswarm.errors import RemoteProtocolError
 from fedswarm.core.wire import VerifyCache, decode_unverified
 from fedswarm.profiles import Profile
 
-from .metrics import StepFn
+from .stats import StepFn
 from .plan import ClientPlan, PeerPlan, Plan, make_plan
 from .report import JobRec, NodeRun, RunRecord, open_runs, report
 from .scenario import Scenario

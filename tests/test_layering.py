@@ -40,7 +40,7 @@ def test_no_pickle_anywhere() -> None:
 
 
 CLIENT_SIDE = ("fedswarm.client", "fedswarm.llm_client", "fedswarm.api", "fedswarm.llm_cli")
-SERVER_SIDE = ("fedswarm.llm_serving", "fedswarm.daemon", "fedswarm.metrics", "fedswarm.runtime.executor")
+SERVER_SIDE = ("fedswarm.llm_serving", "fedswarm.daemon", "fedswarm.daemon.prometheus", "fedswarm.daemon.runner", "fedswarm.runtime.executor")
 
 
 def test_client_side_never_imports_the_server_side() -> None:

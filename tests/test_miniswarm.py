@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedswarm.core.client import JobRequest
+from fedswarm.core.client_core import JobRequest
 from fedswarm.testing import MiniSwarm
 
 

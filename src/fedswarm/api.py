@@ -26,7 +26,7 @@ body is 400, an unknown model 404, a model no chain of peers serves 503 (with
 the reason), an error after a stream started is sent as an ``error`` event.
 A bad request never stops the server.
 
-The app is Starlette, served by :func:`fedswarm.http.serve_asgi` on
+The app is Starlette, served by :func:`fedswarm.net.http.serve_asgi` on
 hypercorn's trio worker, in the same trio run as the swarm client.
 """
 
@@ -471,7 +471,7 @@ def default_models() -> list[str]:
 async def run_api(a: argparse.Namespace, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     from .client import open_swarm_client
     from .core.identity import Identity, load_or_create_key
-    from .http import bind_tcp, parse_listen, serve_asgi
+    from .net.http import bind_tcp, parse_listen, serve_asgi
     from .llm_cli import load_client_model
     from .llm_client import SwarmLLM
 

@@ -156,7 +156,7 @@ def _peer_id(text: str) -> str:
 
 def _http_listen(text: str) -> tuple[str, int | None]:
     """``HOST:PORT``, ``:PORT`` or ``HOST`` (the port then comes from --metrics-port)."""
-    from .http import parse_listen
+    from .net.http import parse_listen
 
     t = text.strip()
     if t.isdigit() or t.startswith(":") or "]:" in t or (t.count(":") == 1 and not t.startswith("[")):

@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 import msgpack
 import trio
 
-from .core.client import ClientCore, JobRequest
+from .core.client_core import ClientCore, JobRequest
 from .core.config import ClientConfig
 from .core.events import CancelJob, Effect, JobAccepted, JobFinished, ShardDelivered, Submit
 from .core.identity import Identity

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import PEER, REPO, error_line, free_port, run
-from fedswarm.localswarm import LocalSwarm, PeerProcess
+from fedswarm.testing.localswarm import LocalSwarm, PeerProcess
 
 pytestmark = pytest.mark.slow
 

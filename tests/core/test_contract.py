@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.contract import Core
 from fedswarm.core.events import (

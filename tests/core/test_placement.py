@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.energy import PowerModel
 from fedswarm.core.fairness import priority

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.events import Send
 from helpers import MiniSwarm

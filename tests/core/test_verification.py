@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedswarm.core.client import JobRequest
+from fedswarm.core.client_core import JobRequest
 from fedswarm.core.config import ClientConfig
 from fedswarm.core.identity import Identity
 from fedswarm.core.membership import check_membership, issue_membership

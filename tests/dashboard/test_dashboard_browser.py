@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fedswarm.localswarm import LocalSwarm, repo_root
+from fedswarm.testing.localswarm import LocalSwarm, repo_root
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.events import RunShard, ShardFinished
 from fedswarm.core.peer import PeerCore
 from fedswarm.core.wire import Span
-from fedswarm.metrics import OTHER, fold_tenants, serve_http
+from fedswarm.daemon.http import serve_http
+from fedswarm.daemon.prometheus import OTHER, fold_tenants
 from fedswarm.net.memory import MemoryNetwork
 from fedswarm.runtime.agent import Agent
 from helpers import ident

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedswarm.localswarm import LocalSwarm
+from fedswarm.testing.localswarm import LocalSwarm
 
 pytestmark = pytest.mark.slow
 

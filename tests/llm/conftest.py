@@ -12,7 +12,7 @@ from llm_proc_helpers import REAL_MODEL, ApiProcess, real_model_or_skip
 @pytest.fixture(scope="session")
 def smol_swarm(tmp_path_factory):
     """Two ``peer start`` processes serving SmolLM2's blocks 0:15 and 15:30."""
-    from fedswarm.localswarm import LocalSwarm
+    from fedswarm.testing.localswarm import LocalSwarm
 
     real_model_or_skip()
     sw = LocalSwarm(2, tmp_path_factory.mktemp("smol-swarm"), torch_threads=1)

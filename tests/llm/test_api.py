@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from fedswarm.api import ApiModel, _State, build_app
-from fedswarm.http import bind_tcp, serve_asgi
+from fedswarm.net.http import bind_tcp, serve_asgi
 from fedswarm.llm_cli import load_client_model
 from fedswarm.llm_client import SwarmLLM
 from fedswarm.tasks.sampling import SamplingParams

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from fedswarm.localswarm import LocalSwarm
+from fedswarm.testing.localswarm import LocalSwarm
 from fedswarm.tasks.checkpoint import load_block_span, load_client_head, model_hash
 from fedswarm.tasks.llama import generate_greedy
 from fedswarm.tasks.tokenizer import ByteTokenizer

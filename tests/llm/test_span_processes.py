@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from fedswarm.llm_serving import served_gaps
-from fedswarm.localswarm import LocalSwarm, PeerProcess
+from fedswarm.testing.localswarm import LocalSwarm, PeerProcess
 from fedswarm.tasks.checkpoint import load_block_span, load_client_head, model_hash
 from fedswarm.tasks.llama import generate_greedy
 from fedswarm.tasks.tokenizer import ByteTokenizer

@@ -33,7 +33,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the [ray] extra is not installed: pip install 'fedswarm[ray]'")
 
-from fedswarm.localswarm import LocalSwarm, PeerProcess, repo_root  # noqa: E402
+from fedswarm.testing.localswarm import LocalSwarm, PeerProcess, repo_root  # noqa: E402
 from fedswarm.runtime.ray_engine import LocalRayCluster, task_name  # noqa: E402
 
 pytestmark = pytest.mark.slow

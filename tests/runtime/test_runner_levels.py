@@ -12,7 +12,7 @@ from fedswarm.core.config import PeerConfig
 from fedswarm.core.energy import PowerModel
 from fedswarm.core.events import RunShard, SetLevel
 from fedswarm.core.peer import PeerCore
-from fedswarm.daemon import ExecutorRunner
+from fedswarm.daemon.runner import ExecutorRunner
 from fedswarm.runtime.agent import wait_for
 from fedswarm.runtime.executor import ShardExecutor
 from fedswarm.tasks.registry import TaskEstimate, TaskRegistry

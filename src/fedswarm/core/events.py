@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .client import JobRequest
+    from .client_core import JobRequest
 
 __all__ = [
     "Input",

@@ -1,5 +1,5 @@
 """The daemon's live dashboard: one static page (HTML, JS, CSS) shipped in
-the package and served by ``fedswarm.metrics`` at ``/``.
+the package and served by ``fedswarm.daemon.http`` at ``/``.
 
 The page subscribes to ``/events`` (server-sent events carrying the
 ``/status`` JSON) and redraws itself without reloading; it needs no build

@@ -893,7 +893,7 @@ class LocalRayCluster:
     """A real Ray cluster on 127.0.0.1 from ``ray start --block`` processes,
     one per node, each in its own process group (so a node can be killed
     whole, the way a machine dies). For tests, benchmarks and demos, like
-    ``fedswarm.localswarm``. Readiness is read from ``ray start``'s output.
+    ``fedswarm.testing.localswarm``. Readiness is read from ``ray start``'s output.
 
     ``with LocalRayCluster(tmp, head_cpus=1) as c: c.add_node(cpus=1)``;
     ``c.address`` is the GCS address, ``c.dashboard`` the dashboard URL (the

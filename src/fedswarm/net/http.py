@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["parse_listen", "bind_tcp", "serve_asgi"]
 
@@ -61,7 +61,7 @@ def bind_tcp(host: str, port: int) -> socket.socket:
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        from .net.addrs import bind_refusal
+        from .addrs import bind_refusal
 
         refusal = bind_refusal(exc, host, port)
         if refusal is exc:
@@ -89,7 +89,7 @@ async def serve_asgi(
     config = Config()
     config.graceful_timeout = graceful_timeout
     config.accesslog = None
-    config.errorlog = logging.getLogger("fedswarm.http")
+    config.errorlog = logging.getLogger("fedswarm.net.http")
     host, port = sock.getsockname()[:2]
 
     class _Status:

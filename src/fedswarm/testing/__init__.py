@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fedswarm.core.client import ClientCore, JobRequest
+from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.contract import Core
 from fedswarm.core.events import (

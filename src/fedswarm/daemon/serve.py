@@ -31,18 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import msgpack
 import trio
 
-from .core.events import Input, RunShard, SetLevel, SetPower, SetThroughput, ShardFinished
-from .core.identity import Identity, load_or_create_key
-from .core.peer import PeerCore
-from .core.runs import Runs, run_key
-from .core.wire import unpack_params
-from .errors import FederationError, InputError
-from .net.quiet import quiet_libraries
-from .profiles import load_profile
-from .runtime.agent import Agent
+from ..core.identity import Identity, load_or_create_key
+from ..core.peer import PeerCore
+from ..errors import FederationError, InputError
+from ..net.quiet import quiet_libraries
+from ..profiles import load_profile
+from .runner import ExecutorRunner
+from ..runtime.agent import Agent
 
 __all__ = ["PeerOptions", "serve_peer", "ExecutorRunner", "JsonLogFormatter", "DataDirLock", "BootstrapDialer",
            "default_data_dir"]
@@ -183,7 +180,7 @@ def check_blocks(text: str | None) -> None:
 
 def resolve_profile(opts: PeerOptions, data_dir: Path) -> tuple[Any, str]:
     """The profile to run and a line saying where it came from."""
-    from .hardware import check_devices, detect, profile_toml
+    from ..hardware import check_devices, detect, profile_toml
 
     if opts.profile:
         profile = load_profile(opts.profile)
@@ -221,7 +218,7 @@ class BootstrapDialer:
 
     def __init__(self, transport: Any, addrs: list[str], *, max_delay_s: float = 30.0,
                  timeout_s: float = 10.0) -> None:
-        from .net.addrs import parse_bootstrap
+        from ..net.addrs import parse_bootstrap
 
         self.transport = transport
         self.max_delay_s = max_delay_s
@@ -272,57 +269,6 @@ class BootstrapDialer:
                 nursery.start_soon(self.keep_dialing, e)
 
 
-class ExecutorRunner:
-    """Runs ``RunShard`` effects on a ``ShardExecutor`` (torch, off the loop).
-
-    Clock levels: the device runs at the highest level any running shard
-    asks for (``SetLevel`` raises one mid-run); the executor applies it
-    through NVML where it may. Energy is the executor's measurement if it
-    has one (NVML), else the power model at each level for the time spent
-    at it.
-    """
-
-    def __init__(self, executor: Any, core: PeerCore, clock: Callable[[], float] = time.monotonic) -> None:
-        self.executor = executor
-        self.core = core
-        self.clock = clock
-        #: hands the core its measurements (``SetPower``, ``SetThroughput``;
-        #: they yield no effects): the agent's ``feed`` once there is one
-        self.feed: Callable[[Input], object] = lambda inp: core.handle(time.time(), inp)
-        #: the running shards' levels and joules at earlier levels
-        self.runs = Runs(lambda level: self.core.config.power.power(level), per_gpu=False)
-
-    def _apply(self) -> None:
-        want = self.runs.max_level()
-        if want != getattr(self.executor, "level", 1.0):
-            self.executor.set_level(want)
-        # the draw the peer gossips: the power model at the running level, idle when nothing runs
-        pm = self.core.config.power
-        self.feed(SetPower(pm.power(want) if self.runs else pm.idle_w))
-
-    def set_level(self, eff: SetLevel) -> None:
-        if self.runs.set_level(self.clock(), eff) is not None:
-            self._apply()
-
-    async def run_shard(self, eff: RunShard) -> ShardFinished:
-        params = unpack_params(eff.params)  # strict limits; never pickle
-        self.runs.start(self.clock(), eff)
-        self._apply()
-        try:
-            res = await self.executor.run(eff.task, params, eff.shard)
-        finally:
-            ended = self.runs.end(self.clock(), run_key(eff))
-            self._apply()
-        energy = res.energy_joules
-        if energy is None:
-            energy = ended.energy_j if ended is not None else 0.0
-        thr = self.executor.throughput().get(eff.task)
-        if thr:
-            self.feed(SetThroughput(eff.task, thr))
-        result = msgpack.packb(res.result, use_bin_type=True)
-        return ShardFinished(eff.tenant, eff.job_id, eff.shard, eff.attempt, True, result, run_s=res.wall_seconds, energy_j=energy)
-
-
 class JsonLogFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -347,7 +293,7 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
     """Run a peer until SIGINT/SIGTERM; 0 after a graceful leave on SIGTERM,
     130 on SIGINT. Everything checkable is checked before the network or
     torch start (``InputError``)."""
-    from .net.addrs import check_tcp_free, parse_announce, parse_bootstrap, parse_listen_maddr
+    from ..net.addrs import check_tcp_free, parse_announce, parse_bootstrap, parse_listen_maddr
 
     if opts.grace_s < 0 or opts.grace_s != opts.grace_s:
         raise InputError(f"--grace {opts.grace_s} is negative", "give the seconds to finish shards on SIGTERM, >= 0")
@@ -357,14 +303,14 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
     for a in opts.announce:
         parse_announce(a)
     if opts.metrics_port is not None:
-        from .http import check_port
+        from ..net.http import check_port
 
         check_port(opts.metrics_port, "--metrics-port")
     if opts.serve_model:
         check_serve_model(opts.serve_model)
     check_blocks(opts.blocks)
     if opts.engine == "ray":  # Ray installed, reserve well-formed: before anything is created
-        from .runtime.ray_engine import import_ray, parse_reserve
+        from ..runtime.ray_engine import import_ray, parse_reserve
 
         import_ray()
         parse_reserve(opts.ray_reserve)
@@ -385,7 +331,7 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
         profile, where = resolve_profile(opts, data_dir)
         ray_cluster = None
         if opts.engine == "ray":  # connect to and check the cluster before the network starts
-            from .runtime.ray_engine import connect_cluster
+            from ..runtime.ray_engine import connect_cluster
 
             ray_cluster = await connect_cluster(opts.ray_address, opts.ray_reserve, profile=profile)
         _event("data dir", path=str(data_dir), profile=where)
@@ -399,8 +345,8 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                  ray_cluster: Any = None) -> int:
     from dataclasses import replace
 
-    from .net.libp2p import open_libp2p_transport
-    from .runtime.executor import ShardExecutor
+    from ..net.libp2p import open_libp2p_transport
+    from ..runtime.executor import ShardExecutor
 
     quiet_libraries()
     if opts.torch_threads:
@@ -433,7 +379,7 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
         # no constant power model: without NVML the runner charges the
         # profile's power curve at each shard's clock level
         if ray_cluster is not None:
-            from .runtime.ray_engine import RayRunner
+            from ..runtime.ray_engine import RayRunner
 
             runner: Any = RayRunner(ray_cluster, core)  # slots and devices from the cluster
         else:
@@ -451,7 +397,7 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                     nursery.start_soon(runner.watch)  # re-reads the cluster as nodes join and leave
                 dialer.start_retries(nursery)
                 if opts.serve_model:
-                    from .llm_serving import start_block_server
+                    from ..llm_serving import start_block_server
 
                     if (opts.blocks or "").startswith("auto") and boot_ids:
                         # let gossip show which blocks the swarm already serves (bounded)
@@ -462,7 +408,7 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                     # --blocks auto: the server keeps its span placed (a timer task in this nursery)
                     load_span = None
                     if ray_cluster is not None:  # the span lives in a Ray actor, on any node of the cluster
-                        from .runtime.ray_engine import span_loader
+                        from ..runtime.ray_engine import span_loader
 
                         load_span = span_loader(ray_cluster)
                     serving = await start_block_server(transport, core, opts.serve_model, opts.blocks,
@@ -509,7 +455,7 @@ def _url_host(host: str) -> str:
 
 async def _serve_metrics(port: int, agent: Agent, host: str = "127.0.0.1", llm: Any = None, *,
                          task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    from .metrics import serve_http
+    from .http import serve_http
 
     await serve_http(port, agent, host=host, llm=llm, task_status=task_status)
 

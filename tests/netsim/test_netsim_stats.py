@@ -4,7 +4,7 @@ import math
 import pytest
 
 from fedswarm.core.fairness import alone_time
-from netsim.metrics import StepFn, jain, rho, round_floats
+from netsim.stats import StepFn, jain, rho, round_floats
 
 
 def test_jain_hand_made():
