@@ -16,7 +16,7 @@ import trio
 
 from fedswarm.client import JobRequest, open_client
 from fedswarm.core.config import ClientConfig, PeerConfig
-from fedswarm.core.events import RunShard, ShardFinished
+from fedswarm.core.events import RunShard, SetSpans, ShardFinished
 from fedswarm.core.peer import PeerCore
 from fedswarm.core.wire import Span
 from fedswarm.daemon.http import serve_http
@@ -43,7 +43,7 @@ def test_status_healthz_404_metrics_and_events() -> None:
                 agent = Agent(core, net.add(idn), runner=QuickRunner())
                 await nursery.start(agent.run)
                 agents.append(agent)
-            agents[1].core.set_spans((Span("m" * 64, 0, 2, 12.5),))
+            agents[1].feed(SetSpans((Span("m" * 64, 0, 2, 12.5),)))
             port = await nursery.start(serve_http, 0, agents[0])
             assert isinstance(port, int) and port > 0
             cid = ident(900, 424)
@@ -55,6 +55,10 @@ def test_status_healthz_404_metrics_and_events() -> None:
             # the tenant's usage reaches peer 0's ledger by its own shards or by peer 1's gossip
             with trio.fail_after(30):
                 while cid.peer_id not in agents[0].core.ledger.shares(agents[0].now()):
+                    await trio.sleep(0.05)
+            # and peer 1's spans reach peer 0 with its next signed state (a gossip round or two)
+            with trio.fail_after(30):
+                while not ((e := agents[0].core.view.get(ids[1].peer_id)) and e.state.spans):
                     await trio.sleep(0.05)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
                 r = await http.get("/healthz")
