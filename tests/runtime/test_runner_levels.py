@@ -71,3 +71,36 @@ def test_energy_is_charged_per_level_for_the_time_spent_at_it() -> None:
     (fin,) = got
     assert fin.ok
     assert fin.energy_j == pytest.approx(A100.power(0.6) * 10.0 + A100.power(1.0) * 5.0)
+
+
+def test_the_served_spans_level_and_the_shards_levels_take_the_highest() -> None:
+    """A span served at 0.6 keeps the device at 0.6 while idle; a shard at
+    full clock raises it for its run; when the shard ends the span's level
+    holds again. Without a span, an idle device is at full clock as before."""
+    task = GateTask()
+    reg = TaskRegistry(builtins=False, plugins=False)
+    reg.register(task)
+    ex = ShardExecutor(reg, device="cpu")
+    core = PeerCore(ident(2), PeerConfig(power=A100), random.Random(2))
+    runner = ExecutorRunner(ex, core, clock=lambda: 0.0)
+    assert runner.device_level == 1.0
+    runner.set_span_level(0.6)
+    seen = [runner.device_level]
+    with pytest.raises(ValueError):
+        runner.set_span_level(0.0)
+
+    async def main() -> None:
+        async def run() -> None:
+            await runner.run_shard(RunShard("t", "j", 0, 0, "gate", b"\x80", 1.0, 1, 0, 1.0, 16.7))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(run)
+            await wait_for(task.started.is_set, timeout=10)
+            seen.append(runner.device_level)
+            runner.set_span_level(0.8)  # the span core moved while the shard runs
+            seen.append(runner.device_level)
+            task.gate.set()
+
+    trio.run(main)
+    seen.append(runner.device_level)
+    assert seen == [0.6, 1.0, 1.0, 0.8]

@@ -22,8 +22,9 @@ class ExecutorRunner:
     """Runs ``RunShard`` effects on a ``ShardExecutor`` (torch, off the loop).
 
     Clock levels: the device runs at the highest level any running shard
-    asks for (``SetLevel`` raises one mid-run); the executor applies it
-    through NVML where it may. Energy is the executor's measurement if it
+    asks for (``SetLevel`` raises one mid-run) or the served LLM span asks
+    for (``set_span_level``, the block server's ``on_level``); the executor
+    applies it through NVML where it may. Energy is the executor's measurement if it
     has one (NVML), else the power model at each level for the time spent
     at it.
     """
@@ -37,9 +38,26 @@ class ExecutorRunner:
         self.feed: Callable[[Input], object] = lambda inp: core.handle(time.time(), inp)
         #: the running shards' levels and joules at earlier levels
         self.runs = Runs(lambda level: self.core.config.power.power(level), per_gpu=False)
+        #: the clock level the block server's span core chose (``SetSpanLevel``); None: no span
+        self.span_level: float | None = None
+
+    @property
+    def device_level(self) -> float:
+        """The level the device is asked for: the highest of the running
+        shards' and the served span's (full clock when neither asks)."""
+        if self.span_level is None:
+            return self.runs.max_level()
+        return max(self.runs.max_level(default=0.0), self.span_level)
+
+    def set_span_level(self, level: float) -> None:
+        """The served span's clock level (``start_block_server(on_level=...)``)."""
+        if not 0 < level <= 1:
+            raise ValueError("level must be in (0, 1]")
+        self.span_level = level
+        self._apply()
 
     def _apply(self) -> None:
-        want = self.runs.max_level()
+        want = self.device_level
         if want != getattr(self.executor, "level", 1.0):
             self.executor.set_level(want)
         # the draw the peer gossips: the power model at the running level, idle when nothing runs

@@ -413,7 +413,10 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                         load_span = span_loader(ray_cluster)
                     serving = await start_block_server(transport, core, opts.serve_model, opts.blocks,
                                                        return_server=True, nursery=nursery, now=agent.now,
-                                                       load_span=load_span)
+                                                       load_span=load_span,
+                                                       # the span core's clock level reaches the device through
+                                                       # the runner (a Ray span's clocks are the cluster's)
+                                                       on_level=getattr(runner, "set_span_level", None))
                 if opts.metrics_port is not None:
                     port = await nursery.start(_serve_metrics, opts.metrics_port, agent, opts.http_host, serving)
                     url = f"http://{_url_host(opts.http_host)}:{port}"
