@@ -24,7 +24,7 @@ __all__ = ["PeerProcess", "LocalSwarm", "repo_root"]
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[3]
 
 
 @dataclass
