@@ -28,8 +28,7 @@ def run(rate: float, shards: int, peers: int, verify: str, seed: int) -> dict[st
     s.step_until(s.now + 5)
     per_job = 20
     for j in range(shards // per_job):
-        jid, eff = c.submit(s.now, JobRequest("sim", per_job, work_s=2.0))
-        s._perform(c.id, eff)
+        jid = s.submit(c, JobRequest("sim", per_job, work_s=2.0))
         s.step_until(s.now + 10_000, stop=lambda: jid in s.finished)
     wrong = sum(1 for d in s.delivered if d.result != b"r%d" % d.shard)
     liar = [p for p in s.peers if s.liar_ids.get(p)]

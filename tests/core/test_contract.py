@@ -84,5 +84,5 @@ def test_sends_carry_the_addresses_of_the_peer_from_the_view() -> None:
     s = MiniSwarm(3, seed=5, peer_config=lambda i: PeerConfig(addrs=(f"/ip4/10.0.0.{i}/tcp/4001",)))
     c = s.add_client()
     s.step_until(s.now + 5)
-    sends = [e for e in c.submit(s.now, JobRequest("sim", 1, work_s=1.0))[1] if hasattr(e, "addrs")]
+    sends = [e for e in c.handle(s.now, Submit(JobRequest("sim", 1, work_s=1.0)))[1:] if hasattr(e, "addrs")]
     assert sends and all(e.addrs and e.addrs[0].startswith("/ip4/10.0.0.") for e in sends)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.energy import PowerModel
+from fedswarm.core.events import SetThroughput, Submit
 from fedswarm.core.fairness import priority
 from fedswarm.core.view import ViewEntry
 from fedswarm.core.wire import JobSpec
@@ -217,7 +218,7 @@ def _throttled_run(work_s: float, deadline_s: float | None) -> tuple[float, int,
     a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=30.0)
     s.step_until(s.now + 31)  # A pulled the view once; its next pull is 30 s away
     first = list(s.peers)[0]
-    s.peers[first].set_throughput("*", 1.0)
+    s.peers[first].handle(s.now, SetThroughput("*", 1.0))
     t0 = s.now
     ja = s.submit(a, JobRequest("sim", 1, work_s=work_s, deadline_s=deadline_s))
     s.step_until(s.now + 60, stop=lambda: ja in s.finished)
@@ -472,8 +473,8 @@ def test_a_start_now_bid_floored_by_unseen_awards_does_not_skip_the_second_look(
     a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0)
     s.step_until(s.now + 15)
     t0 = s.now
-    jx, ex = a.submit(s.now, JobRequest("sim", 1, work_s=200.0))
-    jy, ey = a.submit(s.now, JobRequest("sim", 1, work_s=4.0))
+    (ax, *ex), (ay, *ey) = (a.handle(s.now, Submit(JobRequest("sim", 1, work_s=w))) for w in (200.0, 4.0))
+    jx, jy = ax.job_id, ay.job_id
     s.delay = lambda src, e: 0.1 if e.kind == "Bid" and jy.encode() in e.data else 0.0
     s.perform(a.id, ex + ey)
     s.step_until(s.now + 120, stop=lambda: jy in s.finished)

@@ -8,7 +8,7 @@ import pytest
 
 from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
-from fedswarm.core.events import Send
+from fedswarm.core.events import Send, Submit
 from helpers import MiniSwarm
 
 
@@ -292,7 +292,8 @@ def test_an_idle_client_pulls_no_views_and_a_submit_pulls_once() -> None:
     s.step_until(s.now + 30)
     assert c.stats["pulls"] == 0
     assert old.stats["pulls"] >= 10
-    jid, eff = c.submit(s.now, JobRequest("sim", 2, work_s=60.0))
+    acc, *eff = c.handle(s.now, Submit(JobRequest("sim", 2, work_s=60.0)))
+    jid = acc.job_id
     assert c.stats["pulls"] == 1
     assert any(isinstance(e, Send) and e.kind == "Gossip" for e in eff)
     s.perform(c.id, eff)

@@ -291,9 +291,8 @@ class ClientCore(Node):
         """No job unfinished."""
         return not self._active
 
-    def submit(self, now: float, req: JobRequest) -> tuple[str, list[Effect]]:
-        """Sign and open a job; returns its id and the first effects (the
-        thin form of ``handle(now, Submit(req))``, without ``JobAccepted``)."""
+    def _submit(self, now: float, req: JobRequest) -> tuple[str, list[Effect]]:
+        """``Submit(req)``: sign and open a job; its id and first effects."""
         if req.shards < 1:
             raise LocalProtocolError("bad-job", "a job needs at least one shard")
         self._counter += 1
@@ -325,8 +324,8 @@ class ClientCore(Node):
         pull = self._pull(now) if not self.config.idle_pull and now >= self._next_gossip else []
         return job_id, pull + self._advance(now, self.jobs[job_id])
 
-    def cancel(self, now: float, job_id: str) -> list[Effect]:
-        """``handle(now, CancelJob(job_id))``."""
+    def _cancel(self, now: float, job_id: str) -> list[Effect]:
+        """``CancelJob(job_id)``."""
         job = self.jobs.get(job_id)
         if job is None or job.finished:
             return []
@@ -339,10 +338,10 @@ class ClientCore(Node):
     def handle(self, now: float, inp: Input) -> list[Effect]:
         if not isinstance(inp, MessageReceived):
             if isinstance(inp, Submit):
-                job_id, effects = self.submit(now, inp.req)
+                job_id, effects = self._submit(now, inp.req)
                 return [JobAccepted(job_id), *effects]
             if isinstance(inp, CancelJob):
-                return self.cancel(now, inp.job_id)
+                return self._cancel(now, inp.job_id)
             raise LocalProtocolError("bad-input", type(inp).__name__)
         signed = self._receive(now, inp.sender, inp.data)
         if signed is None:

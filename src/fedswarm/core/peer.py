@@ -369,16 +369,7 @@ class PeerCore(Node):
         else:
             self.spans = inp.spans
 
-    # thin forms of inputs, for callers outside the runtime that call them
-    # directly (netsim, the LLM server); each does what ``handle`` of its input does
-
-    def set_throughput(self, kind: str, value: float) -> None:
-        """``SetThroughput(kind, value)``: the executor's measured speed."""
-        self._on_setting(SetThroughput(kind, value))
-
-    def set_power(self, now_w: float) -> None:
-        """``SetPower(now_w)``."""
-        self._on_setting(SetPower(now_w))
+    # the thin form of ``SetSpans`` the LLM server still calls (it holds no agent yet)
 
     def set_spans(self, spans: tuple[Any, ...]) -> None:
         """``SetSpans(spans)``."""
@@ -1044,10 +1035,6 @@ class PeerCore(Node):
         for p in self.rng.sample(peers, min(len(peers), self.config.gossip_fanout * 2)):
             out.append(self._gossip_to(now, p, reply=False, entries=0))
         return out
-
-    def hand_back_running(self, now: float) -> list[Effect]:
-        """``handle(now, HandBackRunning())``."""
-        return self.handle(now, HandBackRunning())
 
     def _hand_back_running(self, now: float) -> list[Effect]:
         """Grace period over: give back shards still running."""

@@ -25,7 +25,9 @@ from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.contract import Core
 from fedswarm.core.events import (
+    CancelJob,
     CancelShard,
+    JobAccepted,
     JobFinished,
     MessageReceived,
     Publish,
@@ -34,6 +36,7 @@ from fedswarm.core.events import (
     SetLevel,
     ShardDelivered,
     ShardFinished,
+    Submit,
 )
 from fedswarm.core.identity import Identity
 from fedswarm.core.membership import issue_membership
@@ -115,13 +118,15 @@ class MiniSwarm:
         """Submit a job from one of this swarm's clients now; its messages go
         out through the swarm. Returns the job id (a key of ``finished`` once
         the job ends)."""
-        job_id, effects = client.submit(self.now, req)
-        self.perform(client.id, effects)
-        return job_id
+        effects = client.handle(self.now, Submit(req))
+        accepted = effects[0]
+        assert isinstance(accepted, JobAccepted)
+        self.perform(client.id, effects[1:])
+        return accepted.job_id
 
     def cancel(self, client: ClientCore, job_id: str) -> None:
         """Cancel a client's job now (its holders are told to stop)."""
-        self.perform(client.id, client.cancel(self.now, job_id))
+        self.perform(client.id, client.handle(self.now, CancelJob(job_id)))
 
     def perform(self, src: str, effects: list[Any]) -> None:
         """Carry out effects that node ``src`` returned from a call the swarm
