@@ -665,6 +665,10 @@ async def _submit_swarm(a: argparse.Namespace, req: Any, sink: _Sink) -> str:
                     prog.update(job.done, o.peer)
                 for o in await job.wait():  # raises if the job failed; fills any gap
                     add(o)
+                unverified = client.core.stats["results_unverifiable"]
+                if unverified and not a.quiet:
+                    print(f"note: {unverified} of {req.shards} shards accepted unverified: no other peer in the "
+                          "swarm could check them (--verify auto spot-checks untrusted peers)", file=sys.stderr)
                 return str(job.job_id)
             # Ctrl-C or --timeout while the job runs: cancel it at the peers that
             # hold its shards (their slots go to other work at once, not when

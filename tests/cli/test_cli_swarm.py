@@ -168,6 +168,22 @@ def test_bootstrap_not_up_yet_is_retried_and_shown_until_it_connects(tmp_path: P
     assert rcs == [0] * len(rcs)
 
 
+def test_a_lone_peer_answers_verify_auto_with_a_note_and_verify_always_with_an_error(tmp_path: Path) -> None:
+    """One peer cannot check its own results: ``--verify auto`` (the default)
+    delivers them and says they are unverified, ``--verify always`` fails at
+    once with the reason; neither waits for its timeout (120 s)."""
+    with LocalSwarm(1, tmp_path / "one") as one:
+        base = PEER + ["submit", "--bootstrap", one.bootstrap, *JOB, "--shards", "3", "--min-peers", "1",
+                       "--progress", "off", "--timeout", "120"]
+        out = tmp_path / "auto.jsonl"
+        p = run(base + ["--out", str(out)], timeout=100)
+        assert p.returncode == 0, p.stderr
+        assert "note: 3 of 3 shards accepted unverified" in p.stderr
+        check_against_local(rows(out))
+        p = run(base + ["--out", str(tmp_path / "always.jsonl"), "--verify", "always"], timeout=100)
+        error_line(p, 1, r"no other peer can verify its result", only_line=False)
+
+
 def test_timeout_keeps_the_shards_received(swarm: LocalSwarm, tmp_path: Path) -> None:
     """Last in the module: it stops the swarm's peers (SIGSTOP) so the
     job cannot finish, then lets them go on."""

@@ -98,3 +98,32 @@ def test_client_config_validates_verification_knobs() -> None:
         ClientConfig(verify="sometimes")
     with pytest.raises(ValueError):
         ClientConfig(quorum=1)
+
+
+def test_a_lone_peer_answers_verify_auto_unverified_and_verify_always_at_once() -> None:
+    """No other peer can give a second opinion: ``auto`` (a spot check)
+    delivers the lone results unverified instead of waiting for the job's
+    timeout, and ``always`` fails the job at once, saying why."""
+    s = MiniSwarm(1, seed=21)
+    s.step_until(s.now + 10)
+    t0 = s.now
+    jid, c = run(s, 12, verify="auto")
+    assert s.finished[jid].ok and s.now - t0 < 60
+    assert sorted(d.shard for d in s.delivered if d.job_id == jid) == list(range(12))
+    # a new peer's results are all checked (no reputation yet), so none could be
+    assert c.stats["results_unverifiable"] == 12 and c.stats["results_verified"] == 0
+    t0 = s.now
+    jid, c = run(s, 3, i=1, verify="always")  # another tenant
+    fin = s.finished[jid]
+    assert not fin.ok and "no other peer can verify" in fin.error and s.now - t0 < 60
+    assert c.stats["verify_no_peer"] == 1
+
+
+def test_two_peers_that_disagree_fail_the_job_instead_of_waiting_for_a_third() -> None:
+    s = MiniSwarm(2, seed=22, liars={1: 1.0})
+    s.step_until(s.now + 10)
+    t0 = s.now
+    jid, c = run(s, 6, verify="always")
+    fin = s.finished[jid]
+    assert not fin.ok and "no other peer can verify" in fin.error and s.now - t0 < 120
+    assert not any(d.result != b"r%d" % d.shard for d in s.delivered if d.job_id == jid)

@@ -1010,7 +1010,24 @@ class ClientCore(Node):
         return self.rng.random() < rate
 
     def _ask_another(self, now: float, job: _Job, sh: _Shard, current: bool) -> list[Effect]:
-        """Hold the shard's results and auction it again for another opinion."""
+        """Hold the shard's results and auction it again for another opinion.
+
+        When no peer in the view but those that already answered can run the
+        shard, waiting would last until the job's timeout: with ``verify``
+        ``auto`` (a spot check) a lone result is accepted unverified
+        (``results_unverifiable``); with ``always``, or results that disagree,
+        the job fails at once and says why."""
+        others = [e for e in self._eligible(job.spec, now) if e.peer not in sh.exclude]
+        if not others:
+            if self.config.verify == "auto" and len(sh.candidates) == 1:
+                self.stats["results_unverifiable"] += 1
+                first = sh.candidates[0]
+                return self._accept(now, job, sh, first.peer, first.msg)
+            self.stats["verify_no_peer"] += 1
+            have = len({c.peer for c in sh.candidates})
+            return self._fail(now, job, sh, f"shard {sh.index}: no other peer can verify its result "
+                                            f"({have} peer(s) answered, none else in the view can run it; "
+                                            "verification needs one more peer, or --verify none)")
         if current:
             self._move(sh, "verify")
             sh.attempt = max(sh.holders, default=-1) + 1
