@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 import trio
 
+from .core.events import SetSpans
 from .core.spans import (
     Advertise,
     DropSpan,
@@ -724,7 +725,7 @@ async def keep_placed(server: BlockServer, core: Any, transport: Any, load: Call
             elif isinstance(e, Probe):
                 nursery.start_soon(probe, e)
             elif isinstance(e, Advertise):
-                core.set_spans(tuple(Span(server.model_hash, a, b, thr) for a, b, thr in e.spans))
+                core.handle(now(), SetSpans(tuple(Span(server.model_hash, a, b, thr) for a, b, thr in e.spans)))
                 log.info("span change", extra={"fields": {"spans": [[a, b] for a, b, _ in e.spans],
                                                           "span_changes": sc.span_changes}})
             elif isinstance(e, SetSpanLevel):
@@ -849,7 +850,7 @@ async def start_block_server(
     if getattr(core, "ledger", None) is not None:
         server.use_ledger(core.ledger, core.id, now)
     transport.set_request_handler(PROTOCOL, server.handle)
-    core.set_spans((Span(mhash, start, end, thr),))
+    core.handle(now(), SetSpans((Span(mhash, start, end, thr),)))
     if on_level is not None and nursery is not None:
         server.on_level = on_level
         server.core.power = getattr(getattr(core, "config", None), "power", None)

@@ -11,6 +11,7 @@ import random
 import trio
 
 from fedswarm.core.config import PeerConfig
+from fedswarm.core.events import SetSpans
 from fedswarm.core.peer import PeerCore
 from fedswarm.core.spans import PlacementPolicy
 from fedswarm.llm_serving import served_gaps, start_block_server
@@ -96,7 +97,7 @@ def test_generation_through_a_peer_that_moves_keeps_its_tokens(tiny_dir):
             a = servers[0]
             a.core.policy = POLICY  # A places itself, as --blocks auto does
             nursery.start_soon(keep_placed, a, cores[0], transports[0], lambda s, e: load_block_span(tiny_dir, s, e))
-            cores[2].set_spans((Span(mhash, 0, 2, 1.0),))
+            cores[2].handle(0.0, SetSpans((Span(mhash, 0, 2, 1.0),)))
             cid = ident(1000)
             async with open_client(net.add(cid), cid, bootstrap=[ids[0].peer_id], seed=1) as client:
                 llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), head,

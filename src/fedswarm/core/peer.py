@@ -369,12 +369,6 @@ class PeerCore(Node):
         else:
             self.spans = inp.spans
 
-    # the thin form of ``SetSpans`` the LLM server still calls (it holds no agent yet)
-
-    def set_spans(self, spans: tuple[Any, ...]) -> None:
-        """``SetSpans(spans)``."""
-        self._on_setting(SetSpans(spans))
-
     def rho_by_tenant(self, now: float) -> dict[str, float]:
         """Each tenant's worst estimated finish-time fairness among the
         shards it has here: time so far plus the work left, over its time
