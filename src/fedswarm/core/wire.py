@@ -841,7 +841,9 @@ def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: b
     except Exception as exc:  # a validator bug must still not crash the agent
         raise RemoteProtocolError("bad-field", f"{cls.__name__}: {type(exc).__name__}") from None
     signed = Signed(msg, author, issued_at, nonce, data, extras)
-    if cache is not None and check_sig:
+    if cache is not None and check_sig and cls.SIGNED:
+        # an unsigned envelope (Gossip) saves no verify and is almost never
+        # received twice: caching it only pushes signed states out
         cache.add(data, max_bytes, signed)
     return signed
 
