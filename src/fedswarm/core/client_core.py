@@ -64,7 +64,7 @@ import random
 import zlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
@@ -479,7 +479,7 @@ class ClientCore(Node):
         know most candidates for its jobs."""
         self._next_gossip = now + self.config.gossip_interval_s
         self.view.expire(now)
-        peers = [p for p in self.view.peers() if p != self.id] or list(self.config.bootstrap)
+        peers = self.view.peers_but(self.id) or list(self.config.bootstrap)
         if not peers:
             return []
         to = self.rng.choice(peers)
@@ -531,7 +531,9 @@ class ClientCore(Node):
         return [s for s in job.shards if s.state == ShardState.OPEN]
 
     def _eligible(self, job: JobSpec, now: float, entries: list[ViewEntry] | None = None) -> list[ViewEntry]:
-        out = []
+        return list(self._iter_eligible(job, now, entries))
+
+    def _iter_eligible(self, job: JobSpec, now: float, entries: list[ViewEntry] | None = None) -> Iterator[ViewEntry]:
         for e in self.view.live(now) if entries is None else entries:
             st = e.state
             if e.peer == self.id or e.peer in self.banned or self._suspect.get(e.peer, 0.0) > now:
@@ -544,8 +546,7 @@ class ClientCore(Node):
                 continue
             if self.config.min_trust and st.trust != self.config.min_trust:
                 continue
-            out.append(e)
-        return out
+            yield e
 
     def _candidates(self, spec: JobSpec, now: float, want: int) -> tuple[list[ViewEntry], bool]:
         """Whom a round may rank, and whether that is a sample: the eligible
@@ -1017,7 +1018,9 @@ class ClientCore(Node):
         ``auto`` (a spot check) a lone result is accepted unverified
         (``results_unverifiable``); with ``always``, or results that disagree,
         the job fails at once and says why."""
-        others = [e for e in self._eligible(job.spec, now) if e.peer not in sh.exclude]
+        # one other eligible peer is enough to know: a lazy scan, not a list
+        # of the whole view per verified result (O(view) at 10,000 peers)
+        others = any(e.peer not in sh.exclude for e in self._iter_eligible(job.spec, now))
         if not others:
             if self.config.verify == "auto" and len(sh.candidates) == 1:
                 self.stats["results_unverifiable"] += 1

@@ -491,7 +491,7 @@ class PeerCore(Node):
         return self._refresh_state(now)
 
     def _gossip_round(self, now: float) -> list[Effect]:
-        peers = [p for p in self.view.peers() if p != self.id]
+        peers = self.view.peers_but(self.id)
         if not peers:
             return [
                 self._gossip_to(now, b, reply=True, entries=self.config.gossip_entries)
@@ -1025,7 +1025,7 @@ class PeerCore(Node):
                 out.append(self._send(t, AwardDecline(j, s, a, "leaving"), now))
         raw = self._refresh_state(now, force=True)
         out.append(Publish(TOPIC_PEERS, raw, "PeerState"))
-        peers = [p for p in self.view.peers() if p != self.id]
+        peers = self.view.peers_but(self.id)
         for p in self.rng.sample(peers, min(len(peers), self.config.gossip_fanout * 2)):
             out.append(self._gossip_to(now, p, reply=False, entries=0))
         return out
