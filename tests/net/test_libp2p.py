@@ -157,6 +157,41 @@ def test_request_streams_are_pooled() -> None:
     trio.run(main)
 
 
+def test_small_answers_batch_their_yamux_credit_and_bulk_still_flows() -> None:
+    """A reader gives its sender credit back once 64 KiB were read, not
+    after every read (py-libp2p's own rule: a WINDOW_UPDATE frame for nearly
+    every small answer); 8 MiB of 1 MiB frames still arrive whole."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a, b = await _open(stack, 2)
+            answer = bytes(2400)  # one SmolLM2 hidden state
+
+            async def big(sender: str, data: bytes) -> bytes:
+                return answer if data == b"small" else bytes(int(data))
+
+            b.set_request_handler(ECHO, big)
+            await a.connect(b.listen_addrs()[0])
+            await a.request(b.peer_id, ECHO, b"small", timeout=5)
+            (fs,) = a._idle[(b.peer_id, ECHO)]
+            ys = fs.stream.muxed_stream  # the client's end of the pooled yamux stream
+            owed = lambda: ys.target_recv_window - ys.recv_window  # read, not yet credited  # noqa: E731
+            start = owed()
+            for _ in range(20):  # 48 kB of answers: under 64 KiB, no credit yet
+                await a.request(b.peer_id, ECHO, b"small", timeout=5)
+            assert owed() - start == 20 * (4 + len(answer))
+            for _ in range(20):  # past 64 KiB: credited
+                await a.request(b.peer_id, ECHO, b"small", timeout=5)
+            assert owed() < 64 * 1024
+            for _ in range(8):
+                assert len(await a.request(b.peer_id, ECHO, str(1 << 20).encode(), timeout=20)) == 1 << 20
+            with pytest.raises(LocalProtocolError):
+                async with open_libp2p_transport(Identity.generate(), config=Libp2pConfig(yamux_credit_bytes=0)):
+                    pass
+
+    trio.run(main)
+
+
 def test_request_timeouts_are_counted_and_protocol_names_checked() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:

@@ -17,6 +17,10 @@ Stack choices
 * **Muxer: yamux only** (``/yamux/1.0.0``): per-stream flow control with
   auto-tuned windows (256 KiB growing to 16 MiB); mplex has no flow control
   (one slow stream stalls the connection) and is deprecated in the spec.
+* **TCP, not QUIC**: py-libp2p 0.8.1's other stacks cost more per message
+  on loopback (``benchmarks/libp2p_roundtrip.py``, docs/benchmarks.md): a
+  round trip over mplex costs ~1.4x yamux's CPU and QUIC (aioquic) ~4x;
+  a new stream per request ~7.6x (hence the pooled streams below).
 * **Key**: the host's key pair is built from ``identity``'s Ed25519 key, so
   ``transport.peer_id == identity.peer_id`` and the Noise-authenticated remote
   id is the fedswarm peer id.
@@ -175,6 +179,10 @@ class Libp2pConfig:
     #: largest yamux DATA frame we *send* (py-libp2p default 64 KiB); see
     #: ``_tune_yamux``. ``None`` leaves the library value alone.
     yamux_max_message_size: int | None = 256 * 1024
+    #: a yamux receiver gives the sender credit back once this many bytes
+    #: (or half the stream's window, if less) were read; ``None``: py-libp2p
+    #: 0.8.1 as is (a WINDOW_UPDATE after nearly every read). See ``_tune_yamux``.
+    yamux_credit_bytes: int | None = 64 * 1024
     #: run a Kademlia DHT (server mode) to find addresses of unknown peers
     dht: bool = True
 
@@ -275,17 +283,59 @@ def _tune_yamux(config: Libp2pConfig) -> None:
       exceed the peer's window, so this is wire-compatible. Larger frames add
       head-of-line delay for other streams of the same connection (~1 ms per
       256 KiB frame here), hence not 1 MiB.
-    * ``PY_YAMUX_RELEASE_ON_READ=0`` (default "1"): py-libp2p otherwise sends a
-      WINDOW_UPDATE after *every* read, i.e. one extra frame per request; with
-      0 it batches credit like go-yamux (update once half the window is
-      consumed). ~15% less CPU per 1 kB request. ``setdefault`` so an explicit
-      environment value still wins.
+    * ``PY_YAMUX_RELEASE_ON_READ=0`` (default "1"): meant to batch credit
+      like go-yamux; in 0.8.1 it only turns off one of the library's branches
+      that credit a read (see the next point). ``setdefault`` so an explicit
+      environment value still wins; only used with ``yamux_credit_bytes=None``.
+    * Credit (``yamux_credit_bytes``, 64 KiB): even with that setting
+      py-libp2p 0.8.1 still sends a WINDOW_UPDATE for nearly every read (its
+      "partial slack" branch credits any delta below the half-window
+      threshold): a 2.4 kB request/response pair carried one update frame
+      every second call, each costing both sides a Noise record, a socket
+      write and a yamux frame parse. ``_batched_credit`` replaces the
+      stream's credit step: credit once ``target - (window + buffered)``
+      reaches 64 KiB or half the target (go-yamux's rule), with the
+      library's own window auto-tuning. Small requests then send one update
+      per ~27 calls (2.4 kB each); a bulk reader (reads of 256 KiB frames)
+      still credits after every read, since the library's sender polls every
+      10 ms once its window is empty (go-yamux's half-window rule alone
+      took ``benchmarks/transport.py --bulk-mb 64`` from 181 to 102 MB/s in
+      one run; with the 64 KiB bound it stays at the library's, 127-144
+      against 144-153 MB/s in two runs). Round trips: see
+      ``benchmarks/libp2p_roundtrip.py`` (``fedswarm`` against
+      ``fedswarm-libcredit``) and docs/benchmarks.md.
     * Windows: already auto-tuned by py-libp2p (256 KiB initial, doubling up
       to 16 MiB per stream) - nothing to change.
     """
     os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
     if config.yamux_max_message_size is not None:
         _yamux_mod.MAX_MESSAGE_SIZE = int(config.yamux_max_message_size)
+    global _CREDIT_BYTES
+    if config.yamux_credit_bytes is None:
+        _yamux_mod.YamuxStream._auto_tune_and_send_window_update = _LIBRARY_CREDIT  # type: ignore[method-assign]
+    else:
+        if config.yamux_credit_bytes < 1:
+            raise LocalProtocolError("bad-config", "yamux_credit_bytes must be >= 1 (or None)")
+        _CREDIT_BYTES = int(config.yamux_credit_bytes)
+        _yamux_mod.YamuxStream._auto_tune_and_send_window_update = _batched_credit  # type: ignore[method-assign]
+
+
+_LIBRARY_CREDIT = _yamux_mod.YamuxStream._auto_tune_and_send_window_update
+_CREDIT_BYTES = 64 * 1024
+
+
+async def _batched_credit(self, *, bytes_read: int = 0) -> None:  # noqa: ANN001 - a YamuxStream
+    """Give the sender credit once ``_CREDIT_BYTES`` (or half the target
+    window, if less) were consumed (read, not just buffered)."""
+    async with self.window_lock:
+        buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
+        delta = self.target_recv_window - (self.recv_window + buffered)
+        if delta <= 0 or delta < min(_CREDIT_BYTES, self._grow_threshold()):
+            return
+        total = self._grow_to_delta(buffered) + self._apply_autotune_epoch(buffered)
+        self._pending_recv_release = 0
+    if total > 0:
+        await self.send_window_update(total, skip_lock=True)
 
 
 def _keypair_from_identity(identity: Identity) -> KeyPair:
