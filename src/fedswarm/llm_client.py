@@ -29,7 +29,10 @@ the answers the client would have fetched hop by hop (``StepPlan`` walks the
 chain as before and takes them), so the per-boundary history, spot checks
 and recovery are unchanged: from the first hop whose output did not come
 (a hop down, a refusal, a timeout) the client drives the chain itself and
-replays what a replacement needs.
+replays what a replacement needs. A step that came back whole feeds the
+per-peer round trips the routes are chosen by (``RouteBook.observe_chain``:
+the first hop's answer time for it, the rest of the chain's time split over
+the later hops).
 """
 
 from __future__ import annotations
@@ -788,11 +791,13 @@ class InferenceSession:
                 "session": self.id, "pos": n, "max_length": self.max_length,
                 "hidden": pack_tensor(self.hist[0][n : n + 1]), "route": d.wire(), **llm.tenant_fields,
             }
+            t0 = time.perf_counter()
             try:
                 resp = await llm._request(first.hop.peer, msg)
             except _HopFailed as exc:
                 llm.forward_stats["fallbacks"] += 1
                 return {first: exc}
+            t_first = time.perf_counter() - t0
             try:
                 out = unpack_tensor(resp.get("hidden"), max_ndim=2) if resp.get("ok") is True else None
             except WireError:
@@ -811,7 +816,10 @@ class InferenceSession:
                 if h is None:
                     break
                 pre[hs] = h
-            llm.forward_stats["complete" if len(pre) == len(hops) else "fallbacks"] += 1
+            complete = len(pre) == len(hops) and exp.error is None
+            llm.forward_stats["complete" if complete else "fallbacks"] += 1
+            if complete:  # the chain's output covers every hop: their round trips learn from it
+                llm.book.observe_chain([hs.hop for hs in hops], exp.at - t0, first=t_first)
             return pre
         finally:
             llm._inbox.expects.pop(self.id, None)
@@ -976,6 +984,7 @@ class _Expect:
     hidden_size: int
     got: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # span -> its output
     error: str | None = None
+    at: float = 0.0  # time.perf_counter() when the out message came
     ev: trio.Event = field(default_factory=trio.Event)
 
 
@@ -1023,6 +1032,7 @@ class _Inbox:
             e.got[sp] = h
         if failed:
             e.error = f"{msg.get('error')}: {msg.get('detail')}"[:300]
+        e.at = time.perf_counter()
         e.ev.set()
 
 

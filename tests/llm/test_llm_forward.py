@@ -90,6 +90,29 @@ def test_forwarded_tokens_equal_client_driven(tiny_dir):
     trio.run(main)
 
 
+def test_forwarded_steps_feed_the_route_book(tiny_dir):
+    """A client that only forwards its decode steps learns every route
+    peer's round trip from them (its prefill, several positions at once,
+    measures none): estimates that add up to no more than a forwarded step
+    took, the first hop's from its own answers."""
+
+    async def main():
+        async with forwarding_swarm(tiny_dir, ["0:1", "1:3", "3:4"]) as s:
+            await views_complete(s)
+            fwd = s["fwd"]
+            assert fwd.book.rtt == {}
+            got = await fwd.generate(PROMPT, N_NEW, greedy=True)
+            assert fwd.forward_stats["complete"] == N_NEW - 1
+            route = [h["peer"] for h in got.route]
+            assert set(fwd.book.rtt) == set(route)
+            assert all(fwd.book.rtt[p] > 0 for p in route)
+            assert sum(fwd.book.rtt[p] for p in route) <= max(got.step_times)
+            # the plain client drove no decode step here: its book is still empty
+            assert s["plain"].book.rtt == {}
+
+    trio.run(main)
+
+
 def test_dead_next_hop_falls_back_and_replays(tiny_dir):
     """The route's second hop goes down after 5 tokens: the first hop cannot
     pass the step on and says so; the client drives that hop itself, bans it,

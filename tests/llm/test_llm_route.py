@@ -67,6 +67,32 @@ def test_bans_expire_and_round_trips_steer_routes():
     assert book.route([a, b], 0, L, now=6.0) == [b] and book.excluded(6.0) == set()
 
 
+def test_a_forwarded_step_feeds_every_hop_of_its_chain():
+    """The last peer's answer covers the chain: the first hop is measured by
+    its own answer, the rest of the time is split over the later hops in
+    proportion to what the book expected of them."""
+    a, b, c = Hop("a", 0, 1, 100.0), Hop("b", 1, 3, 100.0), Hop("c", 3, L, 100.0)
+    book = RouteBook()
+    book.observe("b", 0.010)
+    book.observe("c", 0.030)
+    book.observe_chain([a, b, c], 0.050, first=0.012)
+    assert book.rtt["a"] == pytest.approx(0.012)  # unmeasured before: the answer itself
+    # 38 ms left, split 1:3 as b and c were expected (10 and 30 ms), each an EWMA step
+    assert book.rtt["b"] == pytest.approx(0.8 * 0.010 + 0.2 * 0.0095)
+    assert book.rtt["c"] == pytest.approx(0.8 * 0.030 + 0.2 * 0.0285)
+    # unmeasured hops are expected at 1/throughput + the default latency: an even split here
+    fresh = RouteBook()
+    fresh.observe_chain([a, b], 0.030)
+    assert fresh.rtt == {"a": pytest.approx(0.015), "b": pytest.approx(0.015)}
+    # an output that came no later than the first hop's answer: the whole time is split
+    late = RouteBook()
+    late.observe_chain([a, b], 0.020, first=0.025)
+    assert late.rtt == {"a": pytest.approx(0.010), "b": pytest.approx(0.010)}
+    # nothing measured, nothing learnt
+    late.observe_chain([a, b], 0.0, first=0.0)
+    assert late.rtt == {"a": pytest.approx(0.010), "b": pytest.approx(0.010)}
+
+
 def drive(plan, answer):
     """Run a plan to the end; ``answer(act)`` says how each Send goes:
     "ok", ("resync", length) or "fail". Returns the actions seen."""

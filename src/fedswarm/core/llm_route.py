@@ -9,7 +9,9 @@ No torch, trio or sockets here: hidden states are the shell's business
   measured one-token round trip or, unmeasured, ``1/throughput`` plus a
   default latency. Ties break on peer ids, so the choice is deterministic.
 * **Bans and round trips** (``RouteBook``): a peer that failed us is avoided
-  until a time; round trips are an EWMA per peer.
+  until a time; round trips are an EWMA per peer, fed by the steps the
+  client drives hop by hop and by forwarded steps (``observe_chain``: the
+  chain's time, split over its hops).
 * **One step of one session** (``StepPlan``): which positions to send to
   which hop next, what a resync (``pos-mismatch`` / ``unknown-session``)
   rewinds, and what a failed or lying hop changes in the chain (a detour over
@@ -157,6 +159,33 @@ class RouteBook:
         """A one-position round trip to ``peer`` took ``seconds``."""
         old = self.rtt.get(peer)
         self.rtt[peer] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def observe_chain(self, hops: Sequence[Hop], seconds: float, *, first: float | None = None) -> None:
+        """A forwarded step went through ``hops`` (in route order) peer to
+        peer: ``seconds`` from the request to the first hop until the last
+        hop's output arrived, so the last peer's answer covers the whole
+        chain. ``first``: when the first hop's own answer came (it answers
+        once its output is on its way to the next hop: its compute and one
+        round trip, as for a step the client drives).
+
+        The first hop is observed at ``first``; the rest of the chain's time
+        is split over the later hops in proportion to what the book expects
+        of each (``cost``), so their sum moves toward what was measured while
+        the ratio between them is kept until steps measure them one by one.
+        Without ``first``, or when the chain's output came no later than the
+        first hop's answer, the whole time is split that way over every hop.
+        """
+        if not hops or not seconds > 0:
+            return
+        rest: Sequence[Hop] = hops
+        left = seconds
+        if first is not None and 0 < first < seconds and len(hops) > 1:
+            self.observe(hops[0].peer, first)
+            rest, left = hops[1:], seconds - first
+        costs = [self.cost(h) for h in rest]
+        total = sum(costs)
+        for h, c in zip(rest, costs):
+            self.observe(h.peer, left * (c / total if total > 0 else 1.0 / len(rest)))
 
     def cost(self, h: Hop) -> float:
         r = self.rtt.get(h.peer)
