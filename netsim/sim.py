@@ -76,14 +76,32 @@ def _young_gc() -> Iterator[None]:
     still freed by reference counting) and collects less often. Results do
     not depend on it: nothing in the simulation reads object identity or
     finalisers.
+    Re-entrant: only the outermost one sets and restores the thresholds and
+    unfreezes. ``netsim run`` runs the loop in slices of ~0.25 s for its
+    progress line; restoring CPython's defaults after each slice made the
+    next allocations collect every unfrozen object of a 10,000-peer swarm,
+    18% of such a run's time (py-spy), so ``run_sim`` holds one around the
+    slices.
     """
+    global _gc_depth
+    _gc_depth += 1
+    if _gc_depth > 1:
+        try:
+            yield
+        finally:
+            _gc_depth -= 1
+        return
     old = gc.get_threshold()
     gc.set_threshold(100_000, 50, 100)
     try:
         yield
     finally:
+        _gc_depth -= 1
         gc.set_threshold(*old)
         gc.unfreeze()
+
+
+_gc_depth = 0
 
 
 @dataclass(eq=False)
@@ -516,6 +534,11 @@ class Simulator:
         """Process every action due before ``t_end`` (or the run's stop time)."""
         with _young_gc():
             self._loop(t_end)
+
+    def young_gc(self) -> Any:
+        """The loop's garbage-collection settings (``_young_gc``) for a
+        caller that calls ``run_until`` many times: hold it around them."""
+        return _young_gc()
 
     def _loop(self, t_end: float) -> None:
         q = self.q
