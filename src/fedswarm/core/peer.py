@@ -13,16 +13,20 @@ A peer does four things, all driven by ``handle(now, input)`` and
    spreads the join from there, so a join costs a constant number of
    messages); on leave it publishes its state on ``TOPIC_PEERS`` so a
    leave is known at once.
-   *Quiet gossip* (``gossip_quiet_max`` > 1, off by default): while the peer
-   is idle (no lease, no undelivered result, not leaving) and a push round
-   found its state's content unchanged, the next round comes twice as late,
-   up to ``gossip_quiet_max`` times the interval; the state it signs then
-   advertises ``state_ttl_s`` and is refreshed every ``state_refresh_s``
-   stretched by the same factor, so refresh/TTL keeps its ratio. Work
-   arriving (an award) brings the interval back to ``gossip_interval_s``
-   counted from the last push. Bound: a crashed peer leaves every view
-   within ``state_ttl_s * gossip_quiet_max`` of its crash (its last state
-   expires by then); running shards are still caught by lease lapses.
+   *Quiet gossip* (``gossip_quiet_max`` > 1, off by default): from one
+   ``state_ttl_s`` after its start (so a swarm's views converge at the base
+   interval), while the
+   peer is idle (no lease, no undelivered result, not leaving) and a push
+   round found its state's content unchanged, the next round comes twice as
+   late, up to ``gossip_quiet_max`` times the interval; the state it signs
+   then advertises ``state_ttl_s`` and is refreshed every
+   ``state_refresh_s`` stretched by the same factor, so refresh/TTL keeps
+   its ratio. Work arriving (an award), or a setting that changes what the
+   state says (throughput, spans), brings the interval back to
+   ``gossip_interval_s`` counted from the last push. Bound: a crashed peer
+   leaves every view within ``state_ttl_s * gossip_quiet_max`` of its crash
+   (its last state expires by then); running shards are still caught by
+   lease lapses.
 2. **Bidding.** On a ``CallForBids`` whose tenant-signed ``JobSpec`` it can
    serve (task kind, devices, memory, tenant policy, not leaving), it answers
    with a ``Bid``: the wait before the shards would start here given its
@@ -226,6 +230,9 @@ class PeerCore(Node):
         self._quiet = 1
         self._own_quiet = 1  # the factor our signed state was issued with
         self._changed = False  # our state's content changed since the last round
+        #: no quiet rounds before this (one TTL after the start): the views
+        #: of a swarm that starts converge at the base interval
+        self._loud_until = math.inf
         self._busy_slots = 0
         self._tenant_load: dict[str, float] = {}
         #: (tenant, job_id) -> when our last bid said its shard would start
@@ -242,6 +249,7 @@ class PeerCore(Node):
 
     def start(self, now: float) -> list[Effect]:
         self.started = True
+        self._loud_until = now + self.config.state_ttl_s
         self._next_gossip = now + self.rng.uniform(0, self.config.gossip_interval_s)
         self._refresh_state(now, force=True)
         # A join is told to the bootstrap peers only, who answer with up to
@@ -285,7 +293,7 @@ class PeerCore(Node):
             self.view.expire(now)
             self._changed = False
             out.extend(self._gossip_round(now))
-            if self._changed or not self._idle_now():
+            if self._changed or not self._idle_now() or now < self._loud_until:
                 self._quiet = 1
             else:
                 self._quiet = min(2 * self._quiet, cfg.gossip_quiet_max)
@@ -361,13 +369,19 @@ class PeerCore(Node):
 
     def _on_setting(self, inp: SetThroughput | SetPower | SetSpans) -> None:
         """A measurement or setting from the executor or the LLM server (it
-        enters the next signed state; no effects)."""
+        enters the next signed state; no effects). One that changes what the
+        state says (``_fingerprint``: not the power draw alone) ends quiet
+        gossip: the next push comes at the base interval after the last."""
+        before = self._fingerprint() if self._quiet > 1 else None
         if isinstance(inp, SetThroughput):
             self.throughput[inp.kind] = inp.value
         elif isinstance(inp, SetPower):
             self.now_w = inp.now_w
         else:
             self.spans = inp.spans
+        if before is not None and self._fingerprint() != before:
+            self._quiet = 1
+            self._next_gossip = min(self._next_gossip, self._last_gossip_at + self.config.gossip_interval_s)
 
     def rho_by_tenant(self, now: float) -> dict[str, float]:
         """Each tenant's worst estimated finish-time fairness among the
