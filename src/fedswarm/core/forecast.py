@@ -264,13 +264,13 @@ class Forecaster:
         st = e.state
         age = max(now - e.issued_at, 0.0)
         g = max(spec.gpus, 1)
-        awarded: list[tuple[float, int]] = []
+        awarded: list[Pending] = []
         pend = self._pending.get(e.peer)
         if pend is not None:
             if e.issued_at > pend[0] + self.config.bid_window_s:
                 del self._pending[e.peer]  # a newer state already counts them
             else:
-                awarded = [(a[0], a[1]) for a in pend[1]]
+                awarded = pend[1]  # read, not copied: (run, slots, ...) each
         if st.free_s and len(st.free_s) == st.slots:
             poured = 0.0
             if spec.deadline_s is None and queued:
@@ -282,7 +282,7 @@ class Forecaster:
         if not queued:
             return 0.0  # no slot times: running and queued work are not told apart
         backlog = max(st.backlog_s - age, 0.0)
-        return backlog + sum(r * h for r, h in awarded) / max(st.slots, 1)
+        return backlog + sum(a[0] * a[1] for a in awarded) / max(st.slots, 1)
 
     def eta(self, spec: JobSpec, e: ViewEntry, now: float, *, stale: bool = False) -> float:
         """Estimated finish of one shard of ``spec`` on ``e``'s peer: its

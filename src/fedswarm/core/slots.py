@@ -22,9 +22,12 @@ from collections.abc import Iterable, Sequence
 __all__ = ["start_after", "starts_after", "fill"]
 
 _MAX_REPLAY = 256  # shards ahead replayed one by one; the rest are spread evenly
+#: shards ahead: (run seconds, slots held), or a client's pending award
+#: (``core.forecast.Pending``), whose first two fields are those
+Ahead = Iterable[tuple[float, int] | tuple[float, int, float, str, int, int]]
 
 
-def start_after(free: Sequence[float], ahead: Iterable[tuple[float, int]], gpus: int) -> float:
+def start_after(free: Sequence[float], ahead: Ahead, gpus: int) -> float:
     """Seconds until ``gpus`` slots are free together for a new shard.
 
     ``free``: seconds until each slot frees (one entry per slot, 0 = free);
@@ -35,7 +38,7 @@ def start_after(free: Sequence[float], ahead: Iterable[tuple[float, int]], gpus:
     return starts_after(free, ahead, gpus, 0.0, 1)[0]
 
 
-def starts_after(free: Sequence[float], ahead: Iterable[tuple[float, int]], gpus: int, run_s: float,
+def starts_after(free: Sequence[float], ahead: Ahead, gpus: int, run_s: float,
                  count: int) -> list[float]:
     """Seconds until each of ``count`` new shards (``gpus`` slots each,
     ``run_s`` long) would start, placed one after another behind ``ahead``
@@ -47,7 +50,8 @@ def starts_after(free: Sequence[float], ahead: Iterable[tuple[float, int]], gpus
         return [0.0] * count
     t = sorted(max(x, 0.0) for x in free)
     spread = 0.0
-    for i, (run, held) in enumerate(ahead):
+    for i, a in enumerate(ahead):
+        run, held = a[0], a[1]  # (run, slots, ...): a client passes its pending awards as they are
         if i >= _MAX_REPLAY:
             spread += run * min(max(held, 1), n)
             continue
