@@ -214,7 +214,10 @@ class Simulator:
         rec = self._node(NodeRec(p.id, None, True, p.region, p.profile, p.profile.name,
                                  runs=Runs(p.profile.power.power)))
         cfg = p.profile.peer_config(**{**self.sc.peer_overrides, "region": p.region, "bootstrap": boot})
-        rec.core = PeerCore(p.identity, cfg, random.Random(p.core_seed), verify_cache=self.cache)
+        # fast: the states a peer signs go into the shared cache as it signs
+        # them (valid by construction), so no receiver verifies them either
+        rec.core = PeerCore(p.identity, cfg, random.Random(p.core_seed), verify_cache=self.cache,
+                            cache_own_states=self.fast)
         return rec
 
     def _add_client(self, c: ClientPlan) -> NodeRec:
