@@ -2,7 +2,7 @@
 """What one request/response costs on each stack py-libp2p 0.8.1 offers, side
 by side in one run (loopback, a fresh server and client process per stack).
 
-    .venv/bin/python benchmarks/libp2p_roundtrip.py [--calls 2000] [--payload 2400] [--stacks a,b,..]
+    .venv/bin/python benchmarks/libp2p_roundtrip.py [--calls 2000] [--payload 2400] [--rounds 3] [--stacks a,b,..]
 
 Stacks (every libp2p one authenticates and encrypts; 4-byte length frames):
 
@@ -26,7 +26,8 @@ warm-up calls) with a ``--payload``-byte message each way (default 2400: one
 SmolLM2 hidden state, 576 float32, with its msgpack envelope), and the CPU
 time per round trip of the client and of the server process (``getrusage``
 over the timed calls; both processes' CPU, kernel time included, is what a
-hop costs a 2-core machine).
+hop costs a 2-core machine). The stacks take turns for ``--rounds`` rounds
+and the medians are printed, with the range of the p50s.
 """
 
 from __future__ import annotations
@@ -247,6 +248,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--payload", type=int, default=2400)
     ap.add_argument("--stacks", default=",".join(STACKS))
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every stack, taking turns")
     ap.add_argument("--role", choices=["driver", "server", "client"], default="driver")
     ap.add_argument("--stack", choices=STACKS, default="fedswarm")
     ap.add_argument("--addr", default="")
@@ -266,21 +268,30 @@ def main() -> None:
             print(json.dumps(res))
         return
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    rows = {}
-    for s in a.stacks.split(","):
-        try:
-            rows[s] = _run_pair(s, a.calls, a.payload)
-        except Exception as exc:  # a stack that does not work here is a result too
-            rows[s] = {"error": str(exc).strip().splitlines()[-1][:120]}
+    stacks = a.stacks.split(",")
+    runs: dict[str, list[dict]] = {s: [] for s in stacks}
+    errors: dict[str, str] = {}
+    for _ in range(a.rounds):  # the stacks take turns, so a load spike hits one round of each, not one stack
+        for s in stacks:
+            if s in errors:
+                continue
+            try:
+                runs[s].append(_run_pair(s, a.calls, a.payload))
+            except Exception as exc:  # a stack that does not work here is a result too
+                errors[s] = str(exc).strip().splitlines()[-1][:120]
     print(f"{a.calls} sequential round trips of {a.payload} B each way, loopback, a server and a client process "
-          f"per stack")
-    print(f"{'stack':<17}{'p50 ms':>8}{'p99 ms':>8}{'client CPU us':>15}{'server CPU us':>15}{'CPU us both':>13}")
-    for s, r in rows.items():
-        if "error" in r:
-            print(f"{s:<17}  failed: {r['error']}")
+          f"per stack; median of {a.rounds} rounds (the stacks take turns), [lowest, highest] of the p50s")
+    print(f"{'stack':<19}{'p50 ms':>8}{'[range]':>15}{'p99 ms':>8}{'client CPU us':>15}{'server CPU us':>15}"
+          f"{'CPU us both':>13}")
+    for s in stacks:
+        if s in errors:
+            print(f"{s:<19}  failed: {errors[s]}")
             continue
-        print(f"{s:<17}{r['p50_ms']:>8.3f}{r['p99_ms']:>8.3f}{r['client_cpu_us']:>15.0f}{r['server_cpu_us']:>15.0f}"
-              f"{r['client_cpu_us'] + r['server_cpu_us']:>13.0f}")
+        med = {k: statistics.median(r[k] for r in runs[s]) for k in runs[s][0]}
+        both = statistics.median(r["client_cpu_us"] + r["server_cpu_us"] for r in runs[s])
+        lo, hi = min(r["p50_ms"] for r in runs[s]), max(r["p50_ms"] for r in runs[s])
+        print(f"{s:<19}{med['p50_ms']:>8.3f}{f'[{lo:.3f}, {hi:.3f}]':>15}{med['p99_ms']:>8.3f}"
+              f"{med['client_cpu_us']:>15.0f}{med['server_cpu_us']:>15.0f}{both:>13.0f}")
     print(f"(ran {time.perf_counter() - t0:.0f} s on {os.cpu_count()} CPUs; 1-min load average {load0:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end)")
 
