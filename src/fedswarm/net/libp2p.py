@@ -19,9 +19,9 @@ Stack choices
   (one slow stream stalls the connection) and is deprecated in the spec.
 * **TCP, not QUIC**: py-libp2p 0.8.1's other stacks cost as much or more
   per message on loopback (``benchmarks/libp2p_roundtrip.py``,
-  docs/benchmarks.md): a round trip over mplex costs 1-1.4x yamux's CPU
-  (and mplex has no flow control), over QUIC (aioquic) 4-5x; a new stream
-  per request 5-8x (hence the pooled streams below).
+  docs/benchmarks.md): a round trip over mplex costs 0.95-1.4x yamux's CPU
+  (and mplex has no flow control), over QUIC (aioquic) 3-5x; a new stream
+  per request 4-8x (hence the pooled streams below).
 * **Key**: the host's key pair is built from ``identity``'s Ed25519 key, so
   ``transport.peer_id == identity.peer_id`` and the Noise-authenticated remote
   id is the fedswarm peer id.
