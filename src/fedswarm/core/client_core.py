@@ -398,13 +398,16 @@ class ClientCore(Node):
         while aheap and aheap[0][0] <= now:
             _, jid, idx, attempt, until, tries = heapq.heappop(aheap)
             found = self._held((until, jid, idx, attempt), lease=True)
-            if found is None or found[1].award is None:
-                continue  # renewed (so the award arrived), settled or reopened
+            if found is None:
+                continue  # settled or reopened
             sh = found[1]
+            award = sh.award
+            if award is None:
+                continue  # renewed (so the award arrived), settled or reopened
             # no renewal yet: the award (or the peer's first renewal) may be
             # lost; a peer that holds it answers a repeat with a renewal
             self.stats["awards_resent"] += 1
-            out.append(self._send(sh.peer, sh.award, now))
+            out.append(self._send(sh.peer, award, now))
             if tries + 1 < self.config.award_resends:
                 sh.resend_s = min(2.0 * (sh.resend_s or self.config.award_resend_s), self.config.award_resend_s)
                 heapq.heappush(aheap, (now + sh.resend_s, jid, idx, attempt, until, tries + 1))

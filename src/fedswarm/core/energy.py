@@ -21,6 +21,7 @@ Carbon grams are ``E / 3.6e6 * carbon_g_kwh``; cost is ``E / 3.6e6 * price``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["PowerModel", "LevelChoice", "choose_level"]
@@ -38,7 +39,8 @@ class PowerModel:
     levels: tuple[float, ...] = (1.0,)
 
     def power(self, f: float) -> float:
-        return self.idle_w + (self.max_w - self.idle_w) * f**self.alpha
+        # math.pow, not **: float ** float is typed Any (a negative base gives a complex)
+        return self.idle_w + (self.max_w - self.idle_w) * math.pow(f, self.alpha)
 
     def allowed_levels(self) -> tuple[float, ...]:
         lv = tuple(sorted(f for f in self.levels if self.cap_w <= 0 or self.power(f) <= self.cap_w + 1e-9))

@@ -525,7 +525,8 @@ class PeerCore(Node):
         k = min(self.config.gossip_fanout, len(peers))
         targets = self.rng.sample(peers, k)
         want_reply = len(peers) < 2 * self.config.gossip_entries
-        out = [self._gossip_to(now, t, reply=want_reply, entries=self.config.gossip_entries) for t in targets]
+        out: list[Effect] = [self._gossip_to(now, t, reply=want_reply, entries=self.config.gossip_entries)
+                             for t in targets]
         # now and then, probe a peer we lost (or a bootstrap peer) and ask for
         # its view: after a partition longer than the TTL both sides have
         # forgotten each other, and this is how they meet again
