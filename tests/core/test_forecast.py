@@ -39,6 +39,23 @@ def test_an_idle_peer_starts_at_once_and_awards_since_its_state_queue_up() -> No
     assert f.view_wait(spec, e, now) == 0.0 and f.pending(e.peer) == []
 
 
+def test_a_newer_state_of_the_same_peer_is_read_afresh() -> None:
+    # the slot times of a state are kept between rounds; the next state,
+    # and a shard that skips the queue, must not be answered from them
+    f, e, spec = _setup(slots=2)
+    now = e.issued_at
+    assert f.view_wait(spec, e, now) == 0.0
+    busy = dataclasses.replace(e.state, seq=e.state.seq + 1, free_s=(30.0, 50.0), backlog_s=60.0)
+    f.view.merge(e.peer, busy, now + 1.0, e.raw, now + 1.0)
+    e2 = f.view.get(e.peer)
+    assert e2 is not None and e2.state is busy
+    # queued work 2 x 60 - (30 + 50) = 40 s poured onto the earliest slots: both free at 60
+    assert f.view_wait(spec, e2, now + 1.0) == 60.0
+    assert f.view_wait(spec, e2, now + 1.0, queued=False) == 30.0  # past running work only
+    assert f.view_wait(spec, e2, now + 1.0) == 60.0
+    assert f.view_wait(spec, e, now) == 0.0  # the older entry still reads its own state
+
+
 def test_a_bid_is_news_until_a_newer_state_and_teaches_how_stale_states_are() -> None:
     f, e, spec = _setup()
     now = e.issued_at + 2.0

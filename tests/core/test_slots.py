@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedswarm.core.slots import fill, start_after, starts_after
+from fedswarm.core.slots import _MAX_REPLAY, fill, replay_sorted, start_after, starts_after
 
 times = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 slots = st.lists(times, min_size=1, max_size=16)
@@ -81,3 +81,36 @@ def test_further_starts_begin_where_one_start_would_and_never_go_back(
     # of its shards were ahead of it
     k = count - 1
     assert math.isclose(out[-1], start_after(free, [*ahead, *[(run_s, g)] * k], g), rel_tol=1e-9, abs_tol=1e-6)
+
+
+def _reference_start(free: list[float], ahead: list[tuple[float, int]], g: int) -> float:
+    """List scheduling spelled out with a sort per shard: each shard ahead
+    takes its earliest slots, those past ``_MAX_REPLAY`` are poured evenly."""
+    t = sorted(max(x, 0.0) for x in free)
+    n = len(t)
+    spread = 0.0
+    for i, (run, held) in enumerate(ahead):
+        if i >= _MAX_REPLAY:
+            spread += run * min(max(held, 1), n)
+            continue
+        h = min(max(held, 1), n)
+        t.sort()
+        start = t[h - 1]
+        t[:h] = [start + run] * h
+    if spread:
+        t = fill(t, spread)
+    return sorted(t)[min(g, n) - 1]
+
+
+signed_slots = st.lists(st.floats(min_value=-50.0, max_value=1e4, allow_nan=False), min_size=1, max_size=16)
+
+
+@given(signed_slots, st.lists(st.tuples(st.floats(min_value=0.0, max_value=1e3, allow_nan=False),
+                                        st.integers(1, 3)), max_size=_MAX_REPLAY + 20), st.integers(1, 20))
+def test_the_heap_replay_is_the_spelled_out_list_schedule(
+        free: list[float], ahead: list[tuple[float, int]], g: int) -> None:
+    # exactly equal, not close: the simulator's results must not move when the replay is made cheaper
+    want = _reference_start(free, ahead, g)
+    assert start_after(free, ahead, g) == want
+    # a client's forecast hands over slot times it has already sorted and clipped
+    assert replay_sorted(sorted(max(x, 0.0) for x in free), ahead, g) == want

@@ -29,9 +29,9 @@ from typing import Any
 from .config import ClientConfig
 from .fairness import run_time
 from .node import smooth_rtt
-from .slots import fill, start_after
+from .slots import fill, replay_sorted
 from .view import View, ViewEntry
-from .wire import Bid, JobSpec
+from .wire import Bid, JobSpec, PeerState
 
 __all__ = ["Forecaster", "position", "AGE_CLASSES", "MAX_PENDING"]
 
@@ -92,6 +92,10 @@ class Forecaster:
         #: per staleness class (``stale_class``): the mean of how much later
         #: than their states predicted the peers have bid (0: no sample yet)
         self._stale = [0.0] * (2 * 2 * AGE_CLASSES)
+        #: peer -> (state, queued work poured?, its slot free times after
+        #: that pour, sorted): ``view_wait`` ranks the same state many times
+        #: (every round that samples the peer) until the next one arrives
+        self._slot_times: dict[str, tuple[PeerState, bool, list[float]]] = {}
 
     # -- round trips -----------------------------------------------------
 
@@ -272,17 +276,29 @@ class Forecaster:
             else:
                 awarded = pend[1]  # read, not copied: (run, slots, ...) each
         if st.free_s and len(st.free_s) == st.slots:
-            poured = 0.0
-            if spec.deadline_s is None and queued:
-                poured = max(st.backlog_s * st.slots - sum(st.free_s), 0.0)
-            t = fill(st.free_s, poured)  # sorted, >= 0
+            t = self._slots_of(e.peer, st, spec.deadline_s is None and queued)  # sorted, >= 0
             if not awarded:  # the common case: the g-th slot to free, less the state's age
                 return max(t[min(g, len(t)) - 1] - age, 0.0)
-            return start_after([max(x - age, 0.0) for x in t], awarded, g)
+            return replay_sorted([max(x - age, 0.0) for x in t], awarded, g)
         if not queued:
             return 0.0  # no slot times: running and queued work are not told apart
         backlog = max(st.backlog_s - age, 0.0)
         return backlog + sum(a[0] * a[1] for a in awarded) / max(st.slots, 1)
+
+    def _slots_of(self, peer: str, st: PeerState, pour: bool) -> list[float]:
+        """``st``'s slot free times (sorted, >= 0), with its queued work
+        (``backlog_s`` less what is running) poured onto the earliest slots
+        when ``pour``; kept per peer until its state or ``pour`` changes.
+        The list is shared: callers read it."""
+        hit = self._slot_times.get(peer)
+        if hit is not None and hit[0] is st and hit[1] == pour:
+            return hit[2]
+        poured = max(st.backlog_s * st.slots - sum(st.free_s), 0.0) if pour else 0.0
+        t = fill(st.free_s, poured)
+        if len(self._slot_times) >= 2 * self.config.max_view:
+            self._slot_times.clear()
+        self._slot_times[peer] = (st, pour, t)
+        return t
 
     def eta(self, spec: JobSpec, e: ViewEntry, now: float, *, stale: bool = False) -> float:
         """Estimated finish of one shard of ``spec`` on ``e``'s peer: its

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
-__all__ = ["start_after", "starts_after", "fill"]
+__all__ = ["start_after", "starts_after", "replay_sorted", "fill"]
 
 _MAX_REPLAY = 256  # shards ahead replayed one by one; the rest are spread evenly
 #: shards ahead: (run seconds, slots held), or a client's pending award
@@ -48,19 +48,7 @@ def starts_after(free: Sequence[float], ahead: Ahead, gpus: int, run_s: float,
     n = len(free)
     if n == 0:
         return [0.0] * count
-    t = sorted(max(x, 0.0) for x in free)
-    spread = 0.0
-    for i, a in enumerate(ahead):
-        run, held = a[0], a[1]  # (run, slots, ...): a client passes its pending awards as they are
-        if i >= _MAX_REPLAY:
-            spread += run * min(max(held, 1), n)
-            continue
-        if held <= 1:  # the common case, inline: t stays a heap, smallest first
-            heapq.heappush(t, heapq.heappop(t) + run)
-            continue
-        _take(t, run, min(held, n))
-    if spread:
-        t = fill(t, spread)
+    t = _replay(_clipped_sorted(free), ahead)
     g = min(max(gpus, 1), n)
     out: list[float] = []
     for j in range(count):
@@ -69,6 +57,46 @@ def starts_after(free: Sequence[float], ahead: Ahead, gpus: int, run_s: float,
         t.sort()
         out.append(t[g - 1])
     return out
+
+
+def replay_sorted(t: list[float], ahead: Ahead, gpus: int) -> float:
+    """``start_after`` for slot free times ``t`` already sorted and >= 0
+    (not empty), which it consumes: the list is worked on in place."""
+    t = _replay(t, ahead)
+    t.sort()
+    return t[min(max(gpus, 1), len(t)) - 1]
+
+
+def _replay(t: list[float], ahead: Ahead) -> list[float]:
+    """The slot free times (heap ``t``, changed in place) after the shards
+    ``ahead`` start in turn, each on the earliest slots it needs; past
+    ``_MAX_REPLAY`` shards the rest are poured on evenly (``fill``). Every
+    caller reads only the multiset of the result (sorting it), never the
+    heap's layout."""
+    n = len(t)
+    spread = 0.0
+    replace = heapq.heapreplace
+    for i, a in enumerate(ahead):
+        run, held = a[0], a[1]  # (run, slots, ...): a client passes its pending awards as they are
+        if i >= _MAX_REPLAY:
+            spread += run * min(max(held, 1), n)
+            continue
+        if held <= 1:  # the common case, inline: the earliest slot takes it, t stays a heap
+            replace(t, t[0] + run)
+            continue
+        _take(t, run, min(held, n))
+    if spread:
+        t = fill(t, spread)
+    return t
+
+
+def _clipped_sorted(free: Sequence[float]) -> list[float]:
+    """``sorted(max(x, 0.0) for x in free)``, clipping only when the
+    smallest is negative (``max`` is monotone, so the order is the same)."""
+    t = sorted(free)
+    if t and 0.0 > t[0]:
+        t = [0.0 if 0.0 > x else x for x in t]
+    return t
 
 
 def _take(t: list[float], run_s: float, g: int) -> None:
@@ -88,7 +116,7 @@ def fill(free: Sequence[float], work: float) -> list[float]:
     """Slot free times after ``work`` slot-seconds are poured onto the
     earliest slots (water-filling): how queued work of unknown shape, known
     only as a total, delays the slots."""
-    t = sorted(max(x, 0.0) for x in free)
+    t = _clipped_sorted(free)
     if work <= 0 or not t:
         return t
     n = len(t)
