@@ -398,12 +398,10 @@ class ClientCore(Node):
         while aheap and aheap[0][0] <= now:
             _, jid, idx, attempt, until, tries = heapq.heappop(aheap)
             found = self._held((until, jid, idx, attempt), lease=True)
-            if found is None:
-                continue  # settled or reopened
-            sh = found[1]
-            award = sh.award
-            if award is None:
+            award = found[1].award if found is not None else None
+            if found is None or award is None:
                 continue  # renewed (so the award arrived), settled or reopened
+            sh = found[1]
             # no renewal yet: the award (or the peer's first renewal) may be
             # lost; a peer that holds it answers a repeat with a renewal
             self.stats["awards_resent"] += 1

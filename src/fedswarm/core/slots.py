@@ -35,7 +35,9 @@ def start_after(free: Sequence[float], ahead: Ahead, gpus: int) -> float:
     the order they start. A shard that holds more slots than there are is
     given all of them.
     """
-    return starts_after(free, ahead, gpus, 0.0, 1)[0]
+    if not free:
+        return 0.0
+    return replay_sorted(_clipped_sorted(free), ahead, gpus)
 
 
 def starts_after(free: Sequence[float], ahead: Ahead, gpus: int, run_s: float,
