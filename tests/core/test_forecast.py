@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import heapq
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.forecast import Forecaster, position
@@ -90,3 +96,60 @@ def test_position_reads_the_waits_a_bid_lists_then_whole_waves() -> None:
     # past the list: waves of ``slots`` shards counted from the last listed wait
     assert [position(b, k) for k in range(6)] == [1.0, 1.0, 11.0, 21.0, 31.0, 31.0]
     assert [position(_bid(0.0, slots=2), k) for k in range(4)] == [0.0, 0.0, 10.0, 10.0]
+
+
+def _forecasters(data: st.DataObject) -> tuple[Forecaster, Forecaster, list[ViewEntry], JobSpec, float]:
+    """Two equal forecasters over a view of generated peers: states of
+    1-4 slots with slot free times or only a backlog, of several ages;
+    this client's awards since some of them, bids newer than others, round
+    trips and staleness means learnt."""
+    f, e, spec = _setup()
+    t0 = e.issued_at
+    gpus = data.draw(st.integers(1, 3))
+    spec = dataclasses.replace(spec, gpus=gpus, deadline_s=data.draw(st.sampled_from([None, 30.0])))
+    times = st.floats(0.0, 200.0, allow_nan=False)
+    view = View("me", 64)
+    for i in range(data.draw(st.integers(1, 24))):
+        slots = data.draw(st.integers(1, 4))
+        free = tuple(sorted(data.draw(st.lists(times, min_size=slots, max_size=slots)))) if data.draw(st.booleans()) else ()
+        s = dataclasses.replace(e.state, slots=slots, free_s=free, backlog_s=data.draw(times),
+                                throughput={"sim": data.draw(st.floats(0.25, 4.0))}, ttl_s=600.0)
+        issued = t0 + data.draw(st.floats(0.0, 20.0))
+        view.merge(f"p{i}", s, issued, e.raw, issued)
+    f = Forecaster(ClientConfig(max_view=64), view, salt=data.draw(st.integers(0, 2**31)))
+    now = t0 + 20.0 + data.draw(st.floats(0.0, 30.0))
+    entries = view.live(now)
+    for x in entries:
+        if data.draw(st.booleans()):  # awards since its state (some sent before it: dropped when read)
+            for j in range(data.draw(st.integers(1, 12))):
+                f.note_award(x.peer, x.issued_at + data.draw(st.floats(-10.0, 5.0)),
+                             (data.draw(st.floats(0.5, 60.0)), data.draw(st.integers(1, 3)), now, "o", j, 0))
+        if data.draw(st.booleans()):  # a bid, older or newer than the state
+            f.remember(x.issued_at + data.draw(st.floats(-5.0, 5.0)), x.peer, _bid(data.draw(times)),
+                       deadline=data.draw(st.booleans()))
+        if data.draw(st.booleans()):
+            f.sample_rtt(x.peer, now, data.draw(st.floats(0.001, 2.0)))
+    for k in range(len(f.stale_means)):
+        f.learn_stale((k, 0.0), _bid(data.draw(times)))
+    return f, copy.deepcopy(f), entries, spec, now
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_ranking_with_floors_is_the_plain_ranking_with_the_same_side_effects(data: st.DataObject) -> None:
+    # rank and soonest skip the award replay at peers whose floor cannot
+    # win: their answers, and what they leave behind (awards and news dropped
+    # for newer states), must equal those of evaluating every eta
+    f, plain, entries, spec, now = _forecasters(data)
+    k = data.draw(st.integers(1, len(entries)))
+    stale = data.draw(st.booleans())
+    want = heapq.nsmallest(k, plain.view.live(now), key=lambda e: (
+        plain.eta(spec, e, now, stale=stale) + 2.0 * plain.transit(e.peer, e), plain.tie(e.peer)))
+    assert [e.peer for e in f.rank(spec, entries, k, now, stale=stale)] == [e.peer for e in want]
+    assert f.soonest(spec, entries, now) == min(plain.eta(spec, e, now) for e in plain.view.live(now))
+    assert f.soonest(spec, [], now) == math.inf
+    assert f._pending == plain._pending and f._news == plain._news
+    for e in entries:  # every floor is below its eta, and exact where it says so
+        lo, exact = f.floor(spec, e, now, stale=stale)
+        eta = f.eta(spec, e, now, stale=stale)
+        assert lo <= eta and (not exact or lo == eta)

@@ -655,9 +655,7 @@ class ClientCore(Node):
         if len(cands) <= want:
             return [e.peer for e in cands]
         n_explore = min(int(want * self.config.explore_ratio), want - 1)
-        top = heapq.nsmallest(want - n_explore, cands,
-                              key=lambda e: (self.forecast.eta(spec, e, now, stale=stale) + 2.0 * self.forecast.transit(e.peer, e),
-                                             self.forecast.tie(e.peer)))
+        top = self.forecast.rank(spec, cands, want - n_explore, now, stale=stale)
         chosen = {e.peer for e in top}
         rest = [e for e in cands if e.peer not in chosen]
         return [e.peer for e in top] + [e.peer for e in self.rng.sample(rest, n_explore)]
@@ -790,7 +788,7 @@ class ClientCore(Node):
         else:  # the sample the round ranked: a second look must not cost a whole view either
             pool = self._eligible(spec, now, [e for e in map(self.view.get, rnd.ranked)
                                               if e is not None and e.expires_at > now and not e.state.leaving])
-        alt = min((self.forecast.eta(spec, e, now) for e in pool if e.peer not in asked), default=math.inf)
+        alt = self.forecast.soonest(spec, [e for e in pool if e.peer not in asked], now)
         if best > left >= alt:
             return True
         return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)

@@ -22,6 +22,7 @@ randomness: the client's auction draws its random picks itself.
 
 from __future__ import annotations
 
+import bisect
 import math
 import zlib
 from typing import Any
@@ -313,6 +314,78 @@ class Forecaster:
         elif stale:
             wait += max(self._stale[self.stale_class(spec, e, now, wait)], 0.0)
         return wait + run_time(spec, e.state.throughput)
+
+    def floor(self, spec: JobSpec, e: ViewEntry, now: float, *, stale: bool = False) -> tuple[float, bool]:
+        """A lower bound on ``eta(spec, e, now, stale=stale)``, and whether it
+        is that eta exactly: it is, unless this client's awards there since
+        the state (``note_award``) must be replayed, which only ever delays
+        a start (each shard replayed takes slot time, none gives it back).
+        Its side effects are ``eta``'s: a state newer than the peer's awards
+        or its last bid drops them, so skipping ``eta`` for a peer whose
+        floor is too late changes nothing after."""
+        pend = self._pending.get(e.peer)
+        if pend is not None and e.issued_at > pend[0] + self.config.bid_window_s:
+            del self._pending[e.peer]  # as view_wait does
+            pend = None
+        if pend is None or not pend[1]:
+            return self.eta(spec, e, now, stale=stale), True
+        st = e.state
+        age = max(now - e.issued_at, 0.0)
+        if st.free_s and len(st.free_s) == st.slots:
+            t = self._slots_of(e.peer, st, spec.deadline_s is None)
+            wait = max(t[min(max(spec.gpus, 1), len(t)) - 1] - age, 0.0)
+        else:
+            wait = max(st.backlog_s - age, 0.0)
+        news = self.news_wait(spec, e, now)  # a stale class's mean is >= 0 where news is None
+        if news is not None:
+            wait = max(wait, news)
+        return wait + run_time(spec, st.throughput), False
+
+    def soonest(self, spec: JobSpec, entries: list[ViewEntry], now: float) -> float:
+        """``min(eta(spec, e, now) for e in entries)`` (inf when empty),
+        replaying awards only at the peers whose floor could still win."""
+        best = math.inf
+        rest: list[tuple[float, ViewEntry]] = []
+        for e in entries:
+            v, exact = self.floor(spec, e, now)
+            if exact:
+                if v < best:
+                    best = v
+            else:
+                rest.append((v, e))
+        rest.sort(key=lambda x: x[0])
+        for v, e in rest:
+            if v >= best:
+                break
+            v = self.eta(spec, e, now)
+            if v < best:
+                best = v
+        return best
+
+    def rank(self, spec: JobSpec, entries: list[ViewEntry], k: int, now: float, *, stale: bool = False
+             ) -> list[ViewEntry]:
+        """The ``k`` entries that finish soonest with two transits, ties by
+        ``tie`` and then by their order in ``entries``: exactly
+        ``heapq.nsmallest(k, entries, key=(eta + 2 * transit, tie))``, with
+        awards replayed only at peers whose floor could still make the k."""
+        exact: list[tuple[float, int, int]] = []
+        later: list[tuple[float, int, int]] = []
+        for i, e in enumerate(entries):
+            v, is_exact = self.floor(spec, e, now, stale=stale)
+            row = (v + 2.0 * self.transit(e.peer, e), self.tie(e.peer), i)
+            (exact if is_exact else later).append(row)
+        exact.sort()
+        top = exact[:k]
+        later.sort()
+        for lo, tie, i in later:
+            if len(top) >= k and (lo, tie) > top[-1][:2]:
+                break  # this floor and every later one lose to the k-th
+            e = entries[i]
+            row = (self.eta(spec, e, now, stale=stale) + 2.0 * self.transit(e.peer, e), tie, i)
+            if len(top) < k or row < top[-1]:
+                bisect.insort(top, row)
+                del top[k:]
+        return [entries[i] for _, _, i in top]
 
     def tie(self, peer: str) -> int:
         """This client's own order among peers its view ranks equal. A
