@@ -181,6 +181,10 @@ class _PrioContext:
     swarm_slots: float
     tenants: int
     util: float = 0.0  # busy share of the swarm's slots, as the view reports them
+    #: priorities computed at ``now``, by (tenant, job id, shard, seconds ahead),
+    #: with the job they are for: a queue replayed for each of its leases asks
+    #: for each of theirs again
+    prio: dict[tuple[str, str, int, float], tuple[JobSpec, tuple[float, float, float]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -631,10 +635,15 @@ class PeerCore(Node):
     def _prio(
         self, job: JobSpec, tenant: str, ctx: "_PrioContext", ahead_s: float, shard: int = 0
     ) -> tuple[float, float, float]:
+        memo = ctx.prio
+        k = (tenant, job.job_id, shard, ahead_s)
+        hit = memo.get(k)
+        if hit is not None and hit[0] is job:
+            return hit[1]
         c = self.config
         t_alone = alone_time(job.work_s, job.shards, job.gpus, job.chain, ctx.swarm_slots, ctx.tenants)
         rho = estimate_rho(ctx.now - job.submitted_at, ahead_s, t_alone)
-        return priority(
+        p = priority(
             c.queue_policy,
             rho=rho,
             weight=job.weight,
@@ -645,6 +654,8 @@ class PeerCore(Node):
             deadline_left_s=deadline_left(job, shard, ctx.now),
             run_s=run_time(job, self.throughput),
         )
+        memo[k] = (job, p)
+        return p
 
     def _remaining(self, lease: _Lease, now: float | None) -> float:
         if lease.state == LeaseState.RUNNING and now is not None:
