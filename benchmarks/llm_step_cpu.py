@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes through a chain of real peers: per step,
+the CPU of the client (this process) and of each ``peer start`` process
+(psutil), the span's own forward time as each peer counts it
+(``stats.compute_s``), and the wall time, next to the same model run in
+this process. Forwarding on and off alternate in one swarm.
+
+    .venv/bin/python benchmarks/llm_step_cpu.py [MODEL] [PEERS] [NEW_TOKENS]
+
+Defaults: smollm2-135m-instruct, 2 peers, 64 new tokens; one torch thread
+per process, greedy, a 42-token prompt.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+import trio  # noqa: E402
+
+import llm_pipeline as lp  # noqa: E402
+from fedswarm.tasks.checkpoint import load_client_head, model_hash  # noqa: E402
+
+
+def main() -> None:
+    model = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"
+    peers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    n_new = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp())
+    d = lp.build_model(model, tmp)
+    head = load_client_head(d)
+    prompt = list(range(100, 142))
+    loc = lp.local_run(d, prompt, n_new, 3)
+    print(f"local: {loc['tok_s']:.2f} tok/s, {1e3 / loc['tok_s']:.2f} ms per token")
+    sw = lp.start_swarm(tmp / "sw", d, lp.splits(head.config.num_hidden_layers, peers))
+
+    def cpu() -> list[float]:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return [r.ru_utime + r.ru_stime] + [sum(psutil.Process(p.proc.pid).cpu_times()[:2]) for p in sw.peers]
+
+    async def body(llm, connect, plain) -> None:  # noqa: ANN001
+        route = (await llm.generate(prompt, 4)).route
+        print("forward  tok/s  x local  tokens  | CPU ms per step: client, peers... | span forward ms per step | wall ms")
+        for fw in [False, True] * 4:
+            before = [(await llm.info(h["peer"]))["stats"] for h in route]
+            c0, t0 = cpu(), time.perf_counter()
+            r = await (llm if fw else plain).generate(prompt, n_new)
+            wall, c1 = time.perf_counter() - t0, cpu()
+            after = [(await llm.info(h["peer"]))["stats"] for h in route]
+            fwd = [(b["compute_s"] - a["compute_s"]) / max(b["steps"] - a["steps"], 1) * 1e3 for a, b in zip(before, after)]
+            print(f"{fw!s:<7} {r.decode_tokens_per_s:6.2f} {r.decode_tokens_per_s / loc['tok_s']:8.3f}  "
+                  f"{'same' if r.token_ids == loc['tokens'] else 'DIFF'}    | "
+                  + " ".join(f"{(b - a) / n_new * 1e3:6.2f}" for a, b in zip(c0, c1))
+                  + " | " + " ".join(f"{x:6.2f}" for x in fwd) + f" | {wall / n_new * 1e3:6.2f}")
+
+    try:
+        trio.run(lp.swarm_client, sw, d, head, model_hash(d), body)
+    finally:
+        sw.close()
+
+
+if __name__ == "__main__":
+    main()
