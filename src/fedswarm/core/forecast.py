@@ -251,7 +251,19 @@ class Forecaster:
 
     # -- waits and finishes ------------------------------------------------
 
-    def view_wait(self, spec: JobSpec, e: ViewEntry, now: float, *, queued: bool = True) -> float:
+    def _awarded(self, e: ViewEntry) -> list[Pending]:
+        """This client's awards to ``e``'s peer that its state cannot show
+        (read, not copied); dropped once a state newer than them arrives."""
+        pend = self._pending.get(e.peer)
+        if pend is None:
+            return []
+        if e.issued_at > pend[0] + self.config.bid_window_s:
+            del self._pending[e.peer]  # a newer state already counts them
+            return []
+        return pend[1]
+
+    def view_wait(self, spec: JobSpec, e: ViewEntry, now: float, *, queued: bool = True,
+                  awards: bool = True) -> float:
         """Seconds until one shard of ``spec`` would start on ``e``'s peer, as
         its state says (and this client's awards there since).
 
@@ -265,17 +277,15 @@ class Forecaster:
         Without ``free_s`` the backlog is taken as an average per slot.
         ``queued=False``: the soonest the shard could start, past running
         work only (a fairness-ordered queue may put it ahead of the rest).
+        ``awards=False``: as if this client had awarded nothing there since
+        the state (a lower bound: they only delay the start).
         """
         st = e.state
         age = max(now - e.issued_at, 0.0)
         g = max(spec.gpus, 1)
-        awarded: list[Pending] = []
-        pend = self._pending.get(e.peer)
-        if pend is not None:
-            if e.issued_at > pend[0] + self.config.bid_window_s:
-                del self._pending[e.peer]  # a newer state already counts them
-            else:
-                awarded = pend[1]  # read, not copied: (run, slots, ...) each
+        awarded = self._awarded(e)
+        if not awards:
+            awarded = []
         if st.free_s and len(st.free_s) == st.slots:
             t = self._slots_of(e.peer, st, spec.deadline_s is None and queued)  # sorted, >= 0
             if not awarded:  # the common case: the g-th slot to free, less the state's age
@@ -301,13 +311,13 @@ class Forecaster:
         self._slot_times[peer] = (st, pour, t)
         return t
 
-    def eta(self, spec: JobSpec, e: ViewEntry, now: float, *, stale: bool = False) -> float:
+    def eta(self, spec: JobSpec, e: ViewEntry, now: float, *, stale: bool = False, awards: bool = True) -> float:
         """Estimated finish of one shard of ``spec`` on ``e``'s peer: its
         wait (``view_wait``), at least what a newer bid of the peer said
         (``news_wait``), then its run. ``stale``: a wait from the state
         alone is raised by how much later than such states (of that age)
-        peers have lately bid (``learn_stale``)."""
-        wait = self.view_wait(spec, e, now)
+        peers have lately bid (``learn_stale``). ``awards``: as ``view_wait``'s."""
+        wait = self.view_wait(spec, e, now, awards=awards)
         news = self.news_wait(spec, e, now)
         if news is not None:
             wait = max(wait, news)
@@ -323,23 +333,10 @@ class Forecaster:
         Its side effects are ``eta``'s: a state newer than the peer's awards
         or its last bid drops them, so skipping ``eta`` for a peer whose
         floor is too late changes nothing after."""
-        pend = self._pending.get(e.peer)
-        if pend is not None and e.issued_at > pend[0] + self.config.bid_window_s:
-            del self._pending[e.peer]  # as view_wait does
-            pend = None
-        if pend is None or not pend[1]:
+        if not self._awarded(e):
             return self.eta(spec, e, now, stale=stale), True
-        st = e.state
-        age = max(now - e.issued_at, 0.0)
-        if st.free_s and len(st.free_s) == st.slots:
-            t = self._slots_of(e.peer, st, spec.deadline_s is None)
-            wait = max(t[min(max(spec.gpus, 1), len(t)) - 1] - age, 0.0)
-        else:
-            wait = max(st.backlog_s - age, 0.0)
-        news = self.news_wait(spec, e, now)  # a stale class's mean is >= 0 where news is None
-        if news is not None:
-            wait = max(wait, news)
-        return wait + run_time(spec, st.throughput), False
+        # without the awards, and without a stale class's mean (never below 0)
+        return self.eta(spec, e, now, awards=False), False
 
     def soonest(self, spec: JobSpec, entries: list[ViewEntry], now: float) -> float:
         """``min(eta(spec, e, now) for e in entries)`` (inf when empty),
