@@ -13,6 +13,7 @@ per process, greedy, a 42-token prompt.
 
 from __future__ import annotations
 
+import argparse
 import resource
 import sys
 import tempfile
@@ -26,17 +27,35 @@ import torch  # noqa: E402
 import trio  # noqa: E402
 
 import llm_pipeline as lp  # noqa: E402
+from fedswarm.errors import InputError  # noqa: E402
 from fedswarm.tasks.checkpoint import load_client_head, model_hash  # noqa: E402
 
 
-def main() -> None:
-    model = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"
-    peers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    n_new = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default="smollm2-135m-instruct", help="model name, directory or .gguf")
+    ap.add_argument("peers", nargs="?", type=_positive, default=2, help="serving peers in the chain")
+    ap.add_argument("new_tokens", nargs="?", type=_positive, default=64, help="tokens to decode per run")
+    a = ap.parse_args()
+    model, peers, n_new = a.model, a.peers, a.new_tokens
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp())
-    d = lp.build_model(model, tmp)
-    head = load_client_head(d)
+    try:
+        d = lp.build_model(model, tmp)
+        head = load_client_head(d)
+    except InputError as exc:
+        print(f"llm_step_cpu: {exc}", file=sys.stderr)
+        return 2
+    if peers > head.config.num_hidden_layers:
+        print(f"llm_step_cpu: {peers} peers for {head.config.num_hidden_layers} blocks", file=sys.stderr)
+        return 2
     prompt = list(range(100, 142))
     loc = lp.local_run(d, prompt, n_new, 3)
     print(f"local: {loc['tok_s']:.2f} tok/s, {1e3 / loc['tok_s']:.2f} ms per token")
@@ -65,7 +84,8 @@ def main() -> None:
         trio.run(lp.swarm_client, sw, d, head, model_hash(d), body)
     finally:
         sw.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
