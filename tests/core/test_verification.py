@@ -127,3 +127,27 @@ def test_two_peers_that_disagree_fail_the_job_instead_of_waiting_for_a_third() -
     fin = s.finished[jid]
     assert not fin.ok and "no other peer can verify" in fin.error and s.now - t0 < 120
     assert not any(d.result != b"r%d" % d.shard for d in s.delivered if d.job_id == jid)
+
+
+def test_replies_a_peer_asked_for_pass_its_rate_limit() -> None:
+    """One job of 600 short shards on 2 peers, checked by ``auto``: the
+    client's awards, lease acks and result acks reach each peer far faster
+    than its token bucket (200/s, bursts of 400) refills. Each of them was
+    asked for (by a bid, a renewal, a result), so none is dropped; before,
+    the dropped awards and acks lapsed leases, and the doubled backoff of
+    the verification rounds left the last replicas waiting a minute."""
+    s = MiniSwarm(2, seed=22)
+    s.step_until(s.now + 10)
+    c = s.add_client(verify="auto")
+    s.step_until(s.now + 5)
+    t0 = s.now
+    jid = s.submit(c, JobRequest("sim", 600, work_s=0.01))
+    s.step_until(s.now + 600, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
+    assert sorted(d.shard for d in s.delivered if d.job_id == jid) == list(range(600))
+    peers = list(s.peers.values())
+    assert sum(p.rejected["rate-limited"] for p in peers) == 0
+    assert sum(p.stats["solicited_past_limit"] for p in peers) > 0  # the bucket alone would have refused
+    assert c.stats["verifications"] > 0 and c.stats["leases_lapsed"] == 0
+    assert s.now - t0 < 10.0
+

@@ -631,6 +631,8 @@ class ClientCore(Node):
             sh.round = rid
         cfb = CallForBids(job.raw, shards, rid)
         data = self._encode(cfb, now)
+        for p in invited:
+            self.solicited.grant(p, 1, now)  # its bid
         out.extend(Send(p, data, "CallForBids", self._addrs_of(p)) for p in invited)
         self.stats["cfb_sent"] += len(invited)
         self.stats["rounds"] += 1
