@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fedswarm.core import client_core
 from fedswarm.core.client_core import JobRequest
 from fedswarm.core.config import ClientConfig
 from fedswarm.core.identity import Identity
@@ -151,3 +152,29 @@ def test_replies_a_peer_asked_for_pass_its_rate_limit() -> None:
     assert c.stats["verifications"] > 0 and c.stats["leases_lapsed"] == 0
     assert s.now - t0 < 10.0
 
+
+def _late_bids_while_busy(rearms: int, monkeypatch: pytest.MonkeyPatch) -> tuple[float, object]:
+    """40 shards checked by ``always`` on 2 peers whose bids come 0.4 s late
+    (well past the 50 ms window their first bids taught the client) for the
+    first 1.5 s of the job, as from peers busy with a burst of awards."""
+    monkeypatch.setattr(client_core, "MAX_REARMS", rearms)
+    busy_until = [0.0]
+    s = MiniSwarm(2, seed=23, delay=lambda src, e: 0.4 if e.kind == "Bid" and s.now < busy_until[0] else 0.0)
+    s.step_until(s.now + 10)
+    c = s.add_client(verify="always")
+    s.step_until(s.now + 5)
+    t0 = s.now
+    jid = s.submit(c, JobRequest("sim", 40, work_s=0.05))
+    s.step_until(t0 + 0.1)  # the first round's bids come on time
+    busy_until[0] = t0 + 1.5
+    s.step_until(t0 + 120, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok and c.stats["results_verified"] == 40
+    return s.now - t0, c
+
+
+def test_a_late_bid_lifts_the_backoff_of_its_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, c = _late_bids_while_busy(client_core.MAX_REARMS, monkeypatch)
+    assert c.stats["rounds_rearmed"] > 0 and fast < 4.0
+    # without it, the job waits out the backoff its failed rounds doubled
+    slow, c = _late_bids_while_busy(0, monkeypatch)
+    assert c.stats["rounds_rearmed"] == 0 and slow > 2 * fast

@@ -119,6 +119,9 @@ class ShardState:
 
 
 
+#: rounds a job may start early on late bids between two of its awards
+MAX_REARMS = 8
+
 _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.OPEN, "invite"): ShardState.BIDDING,
     (ShardState.BIDDING, "award"): ShardState.AWARDED,
@@ -201,6 +204,7 @@ class _Job:
     round: _Round | None = None
     next_round_at: float = 0.0
     backoff: float = 0.0
+    rearms: int = 0  # backoffs lifted by late bids since the last award (``MAX_REARMS``)
     next_round_id: int = 0
     finished_at: float = 0.0
     # a second look: bids kept from the rounds re-run, and who was asked
@@ -678,6 +682,14 @@ class ClientCore(Node):
             late = job.closed
             if late is not None and late[0] == bid.round and signed.author in late[2]:
                 self.forecast.sample_rtt(signed.author, now, now - late[1])
+            if rnd is None and now < job.next_round_at and job.counts[ShardState.OPEN] and job.rearms < MAX_REARMS:
+                # the backoff is for a swarm that does not answer; this peer
+                # did, after the window. A peer busy with a burst of awards
+                # and acks bids late like this, and the doubled backoff had
+                # left verification replicas waiting 11 s after it was free.
+                # Bounded: a bidder always later than any window gets
+                # MAX_REARMS rounds more per award, then the backoff again.
+                return self._rearm(now, job)
             return []
         if signed.author not in rnd.invited:
             raise RemoteProtocolError("uninvited-bid", signed.author[:16])
@@ -690,6 +702,14 @@ class ClientCore(Node):
         if len(rnd.bids) >= len(rnd.invited) or self._rest_would_lose(now, job, rnd):
             return self._close_round(now, job) + self._advance(now, job)
         return []
+
+    def _rearm(self, now: float, job: _Job) -> list[Effect]:
+        """Lift a job's backoff and auction its open shards now."""
+        self.stats["rounds_rearmed"] += 1
+        job.rearms += 1
+        job.backoff = 0.0
+        job.next_round_at = now
+        return self._advance(now, job)
 
     def _rest_would_lose(self, now: float, job: _Job, rnd: _Round) -> bool:
         """Whether a one-shard round may close before every invitee bid:
@@ -905,6 +925,7 @@ class ClientCore(Node):
                                                   sh.lease_until, 0))
         if awarded_any:
             job.backoff = 0.0
+            job.rearms = 0
             job.next_round_at = now
         else:
             self._backoff(job, now)
