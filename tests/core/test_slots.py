@@ -4,11 +4,12 @@ estimates say about when a shard starts."""
 from __future__ import annotations
 
 import math
+import random
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedswarm.core.slots import _MAX_REPLAY, fill, replay_sorted, start_after, starts_after
+from fedswarm.core.slots import _MAX_REPLAY, fill, queue_starts, replay_sorted, start_after, starts_after
 
 times = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 slots = st.lists(times, min_size=1, max_size=16)
@@ -114,3 +115,23 @@ def test_the_heap_replay_is_the_spelled_out_list_schedule(
     assert start_after(free, ahead, g) == want
     # a client's forecast hands over slot times it has already sorted and clipped
     assert replay_sorted(sorted(max(x, 0.0) for x in free), ahead, g) == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(min_value=-50.0, max_value=1e4, allow_nan=False), max_size=16),
+       st.lists(st.tuples(st.floats(min_value=0.0, max_value=1e3, allow_nan=False), st.integers(1, 3)),
+                max_size=_MAX_REPLAY + 12))
+def test_a_queues_starts_in_one_replay_are_each_shards_own_replay(
+        free: list[float], queue: list[tuple[float, int]]) -> None:
+    # exactly equal: a peer's renewal round reads these instead of one replay per lease
+    assert queue_starts(free, queue) == [starts_after(free, queue[:i], held, 0.0, 1)[0]
+                                         for i, (_, held) in enumerate(queue)]
+
+
+def test_a_long_queues_starts_in_one_replay_past_the_replay_cap() -> None:
+    rng = random.Random(7)
+    for slots in (1, 3, 8):
+        free = [rng.uniform(-5.0, 50.0) for _ in range(slots)]
+        queue = [(rng.uniform(0.0, 30.0), rng.choice((1, 1, 1, 2, 3))) for _ in range(_MAX_REPLAY + 40)]
+        assert queue_starts(free, queue) == [starts_after(free, queue[:i], held, 0.0, 1)[0]
+                                             for i, (_, held) in enumerate(queue)]

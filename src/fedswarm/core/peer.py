@@ -96,7 +96,7 @@ from .fairness import alone_time, deadline_left, estimate_rho, priority, run_tim
 from .identity import Identity
 from .membership import check_membership
 from .node import Node, forget_oldest, smooth_rtt
-from .slots import starts_after
+from .slots import queue_starts, starts_after
 from .wire import (
     MAX_BID_NEXT,
     Accusation,
@@ -311,6 +311,7 @@ class PeerCore(Node):
             self._next_gossip = now + cfg.gossip_interval_s * self._quiet
         etas: dict[LeaseKey, float] | None = None
         ctx: _PrioContext | None = None
+        waits: dict[LeaseKey, float] | None = None  # _wait_estimate of each queued lease (None after a drop)
         batch: dict[str, list[LeaseRenew]] | None = None
         early, due = -math.inf, set()  # batching: a client's leases due by this go with one due now
         if cfg.renew_batch:
@@ -321,19 +322,21 @@ class PeerCore(Node):
             if now - lease.last_ack_at > self._grace(lease):
                 self.stats["leases_abandoned"] += 1
                 out.extend(self._drop(lease))
-                etas = None
+                etas = waits = None
             elif now >= lease.next_renew_at or (batch is not None and lease.next_renew_at <= early
                                                  and lease.tenant in due):
                 if lease.state == LeaseState.QUEUED:
                     ctx = ctx or self._context(now)
-                    start = now + self._wait_estimate(lease.job, lease.tenant, ctx, lease.key[2], lease)
+                    if waits is None:
+                        waits = self._queued_waits(ctx)
+                    start = now + waits[lease.key]
                     if self._late(lease.job, lease.tenant, lease.key[2], now, start, lease.start_by, lease.key):
                         # later work kept outranking it here: another peer may start it sooner
                         self.stats["shards_handed_back_late"] += 1
                         self._drop(lease)
                         t, j, s, a = lease.key
                         out.append(self._send(t, AwardDecline(j, s, a, "late"), now))
-                        etas = None
+                        etas = waits = None
                         continue
                 if etas is None:
                     etas = self._etas(now)
@@ -368,8 +371,9 @@ class PeerCore(Node):
         cfg = self.config
         if self._quiet > 1 and not self._idle_now():
             t = min(t, self._last_gossip_at + cfg.gossip_interval_s)
+        grace = cfg.lease_grace_s  # _grace, inline: this runs after every input, over every lease
         for lease in self.leases.values():
-            t = min(t, lease.next_renew_at, lease.last_ack_at + self._grace(lease) + 1e-6)
+            t = min(t, lease.next_renew_at, lease.last_ack_at + max(grace, 2.0 * lease.granted_s) + 1e-6)
         for ob in self.outbox.values():
             t = min(t, ob.next_at)
         return t
@@ -691,6 +695,24 @@ class PeerCore(Node):
                     ahead.append((p, other.key, other.run_s, max(other.job.gpus, 1)))
         ahead.sort(key=lambda a: (a[0], a[1]))
         return starts_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1), run_s, count)
+
+    def _queued_waits(self, ctx: "_PrioContext") -> dict[LeaseKey, float]:
+        """``_wait_estimate(lease.job, lease.tenant, ctx, lease.key[2],
+        lease)`` of every queued lease, in one replay of the queue in
+        ``_schedule``'s order (``slots.queue_starts``)."""
+        now = ctx.now
+        free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
+        queued: list[tuple[tuple[tuple[float, float, float], LeaseKey], _Lease]] = []
+        for other in self.leases.values():
+            if other.state == LeaseState.RUNNING:
+                left = max(other.run_s - (now - other.started_at), 0.0)
+                free.extend([left] * max(other.job.gpus, 1))
+            else:
+                p = self._prio(other.job, other.tenant, ctx, other.run_s, other.key[2])
+                queued.append(((p, other.key), other))
+        queued.sort(key=lambda q: q[0])
+        starts = queue_starts(free[: self.config.slots], [(q.run_s, max(q.job.gpus, 1)) for _, q in queued])
+        return {q.key: w for (_, q), w in zip(queued, starts)}
 
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
         job, tenant = self._job_from(cfb.job, now)
