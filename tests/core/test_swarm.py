@@ -9,6 +9,7 @@ import pytest
 from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.events import Send, Submit
+from fedswarm.core.peer import PeerCore
 from helpers import MiniSwarm
 
 
@@ -329,3 +330,35 @@ def test_batched_renewals_send_one_message_per_peer_and_client() -> None:
     assert plain["LeaseRenewBatch"] == 0 and batched["LeaseRenewBatch"] > 0
     assert batched["LeaseAckBatch"] == batched["LeaseRenewBatch"]
     assert batched["LeaseRenew"] + batched["LeaseRenewBatch"] < plain["LeaseRenew"] / 3, (plain, batched)
+
+
+def _every_lease_scanned(p: PeerCore) -> float:
+    """``PeerCore.next_deadline`` as a scan of every lease (its lazy heap's oracle)."""
+    t = p._next_gossip
+    if p._quiet > 1 and not p._idle_now():
+        t = min(t, p._last_gossip_at + p.config.gossip_interval_s)
+    for lease in p.leases.values():
+        t = min(t, lease.next_renew_at, lease.last_ack_at + p._grace(lease) + 1e-6)
+    return min([t, *(ob.next_at for ob in p.outbox.values())])
+
+
+def test_a_peers_next_deadline_is_the_earliest_of_all_its_leases() -> None:
+    # under loss, duplicates, a crash and a revoking client, with leases
+    # renewed, acked, lapsing, handed back and finished all the while
+    s = MiniSwarm(6, seed=5, loss=0.05, dup=0.05, client_config=ClientConfig(verify="none", lease_s=4.0))
+    s.step_until(s.now + 10)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    jobs = [s.submit(c, JobRequest("sim", 40, work_s=w)) for w in (0.5, 3.0, 9.0)]
+    checks = 0
+    for k in range(2000):
+        if all(j in s.finished for j in jobs):
+            break
+        s.step_until(s.now + 0.25)
+        if k == 40:
+            s.crash(sorted(s.peers)[2])
+        for pid, p in s.peers.items():
+            if pid not in s.dead:
+                assert p.next_deadline() == _every_lease_scanned(p)
+                checks += bool(p.leases)
+    assert all(j in s.finished for j in jobs) and checks > 500
