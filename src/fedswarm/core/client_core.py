@@ -85,7 +85,7 @@ from .fairness import deadline_left, run_time
 from .identity import Identity
 from .forecast import Forecaster, position
 from .verdict import FAIL, WAIT, Candidate, settle
-from .node import Node
+from .node import Node, replies_invited
 from .view import ViewEntry
 from .wire import (
     Accusation,
@@ -635,8 +635,8 @@ class ClientCore(Node):
             sh.round = rid
         cfb = CallForBids(job.raw, shards, rid)
         data = self._encode(cfb, now)
-        for p in invited:
-            self.solicited.grant(p, 1, now)  # its bid
+        for p in invited:  # encoded once for all, so not through _send: the same credit
+            self.solicited.grant(p, replies_invited(cfb), now)
         out.extend(Send(p, data, "CallForBids", self._addrs_of(p)) for p in invited)
         self.stats["cfb_sent"] += len(invited)
         self.stats["rounds"] += 1

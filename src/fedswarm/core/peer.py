@@ -398,10 +398,11 @@ class PeerCore(Node):
         reads, after anything that moved it (a scan of every lease after
         every input was a third of a 2-peer, 4,000-shard netsim run)."""
         heap = self._lease_times
-        if len(heap) > 4 * len(self.leases) + 64:  # stale entries: start afresh
+        if len(heap) > 4 * len(self.leases) + 64:  # stale entries: start afresh (``lease`` among them)
             heap[:] = [(self._lease_due(x), k) for k, x in self.leases.items()]
             heapq.heapify(heap)
-        heapq.heappush(heap, (self._lease_due(lease), lease.key))
+        else:
+            heapq.heappush(heap, (self._lease_due(lease), lease.key))
 
     def _idle_now(self) -> bool:
         """No lease, no undelivered result, not leaving: gossip may go quiet."""
@@ -710,36 +711,37 @@ class PeerCore(Node):
         each) placed one after another: the waits a bid lists."""
         now = ctx.now
         mine = self._prio(job, tenant, ctx, lease.run_s if lease is not None else 0.0, shard)
-        free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
         ahead: list[tuple[tuple[float, float, float], LeaseKey, float, int]] = []
         for other in self.leases.values():
-            if other.state == LeaseState.RUNNING:
-                left = max(other.run_s - (now - other.started_at), 0.0)
-                free.extend([left] * max(other.job.gpus, 1))
-            elif other is not lease:
+            if other.state != LeaseState.RUNNING and other is not lease:
                 p = self._prio(other.job, other.tenant, ctx, other.run_s if lease is not None else 0.0, other.key[2])
                 if (p, other.key) < (mine, lease.key) if lease is not None else p <= mine:
                     ahead.append((p, other.key, other.run_s, max(other.job.gpus, 1)))
         ahead.sort(key=lambda a: (a[0], a[1]))
-        return starts_after(free[: self.config.slots], ((a[2], a[3]) for a in ahead), max(job.gpus, 1), run_s, count)
+        return starts_after(self._slot_free_times(now), ((a[2], a[3]) for a in ahead), max(job.gpus, 1), run_s, count)
 
     def _queued_waits(self, ctx: "_PrioContext") -> dict[LeaseKey, float]:
         """``_wait_estimate(lease.job, lease.tenant, ctx, lease.key[2],
         lease)`` of every queued lease, in one replay of the queue in
         ``_schedule``'s order (``slots.queue_starts``)."""
-        now = ctx.now
+        queued = self._queue_order([x for x in self.leases.values() if x.state != LeaseState.RUNNING], ctx)
+        starts = queue_starts(self._slot_free_times(ctx.now), [(q.run_s, max(q.job.gpus, 1)) for q in queued])
+        return {q.key: w for q, w in zip(queued, starts)}
+
+    def _slot_free_times(self, now: float) -> list[float]:
+        """Seconds until each slot frees: the idle ones, then each running
+        lease's (as many as its job holds)."""
         free: list[float] = [0.0] * max(self.config.slots - self._busy_slots, 0)
-        queued: list[tuple[tuple[tuple[float, float, float], LeaseKey], _Lease]] = []
         for other in self.leases.values():
             if other.state == LeaseState.RUNNING:
-                left = max(other.run_s - (now - other.started_at), 0.0)
-                free.extend([left] * max(other.job.gpus, 1))
-            else:
-                p = self._prio(other.job, other.tenant, ctx, other.run_s, other.key[2])
-                queued.append(((p, other.key), other))
-        queued.sort(key=lambda q: q[0])
-        starts = queue_starts(free[: self.config.slots], [(q.run_s, max(q.job.gpus, 1)) for _, q in queued])
-        return {q.key: w for (_, q), w in zip(queued, starts)}
+                free.extend([max(other.run_s - (now - other.started_at), 0.0)] * max(other.job.gpus, 1))
+        return free[: self.config.slots]
+
+    def _queue_order(self, leases: list[_Lease], ctx: "_PrioContext") -> list[_Lease]:
+        """``leases`` in the order ``_schedule`` starts them: by priority
+        (each counting its own run as ahead of it), then by key."""
+        return sorted(leases, key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s, lease.key[2]),
+                                                 lease.key))
 
     def _on_cfb(self, now: float, signed: Signed, cfb: CallForBids) -> list[Effect]:
         job, tenant = self._job_from(cfb.job, now)
@@ -843,15 +845,14 @@ class PeerCore(Node):
             start_by=now + wait,
         )
         self.leases[key] = lease
-        self._touch(lease)
         self._tenant_load[tenant] = self._tenant_load.get(tenant, 0.0) + run_s * max(job.gpus, 1)
         self.stats["shards_won"] += 1
         out: list[Effect] = []
         out.extend(self._schedule(now))
         if lease.next_renew_at <= now:
             lease.next_renew_at = now + self.config.renew_interval_s
-            self._touch(lease)
             out.append(self._send(tenant, self._renew_msg(lease, now), now))
+        self._touch(lease)
         return out
 
     def _late(
@@ -887,10 +888,7 @@ class PeerCore(Node):
         busy = sum(self._remaining(lease, now) for lease in self.leases.values() if lease.state == LeaseState.RUNNING)
         out: dict[LeaseKey, float] = {}
         ctx = self._context(now)
-        queued = sorted(
-            (lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED),
-            key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s, lease.key[2]), lease.key),
-        )
+        queued = self._queue_order([lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED], ctx)
         ahead = busy
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
@@ -1041,7 +1039,7 @@ class PeerCore(Node):
         if free <= 0:
             return self._speed_up(now)
         ctx = self._context(now)
-        queued.sort(key=lambda lease: (self._prio(lease.job, lease.tenant, ctx, lease.run_s, lease.key[2]), lease.key))
+        queued = self._queue_order(queued, ctx)
         out: list[Effect] = []
         for lease in queued:
             need = max(lease.job.gpus, 1)
