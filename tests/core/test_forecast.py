@@ -7,6 +7,8 @@ import dataclasses
 import heapq
 import math
 
+import msgspec
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +53,7 @@ def test_a_newer_state_of_the_same_peer_is_read_afresh() -> None:
     f, e, spec = _setup(slots=2)
     now = e.issued_at
     assert f.view_wait(spec, e, now) == 0.0
-    busy = dataclasses.replace(e.state, seq=e.state.seq + 1, free_s=(30.0, 50.0), backlog_s=60.0)
+    busy = msgspec.structs.replace(e.state, seq=e.state.seq + 1, free_s=(30.0, 50.0), backlog_s=60.0)
     f.view.merge(e.peer, busy, now + 1.0, e.raw, now + 1.0)
     e2 = f.view.get(e.peer)
     assert e2 is not None and e2.state is busy
@@ -106,13 +108,13 @@ def _forecasters(data: st.DataObject) -> tuple[Forecaster, Forecaster, list[View
     f, e, spec = _setup()
     t0 = e.issued_at
     gpus = data.draw(st.integers(1, 3))
-    spec = dataclasses.replace(spec, gpus=gpus, deadline_s=data.draw(st.sampled_from([None, 30.0])))
+    spec = msgspec.structs.replace(spec, gpus=gpus, deadline_s=data.draw(st.sampled_from([None, 30.0])))
     times = st.floats(0.0, 200.0, allow_nan=False)
     view = View("me", 64)
     for i in range(data.draw(st.integers(1, 24))):
         slots = data.draw(st.integers(1, 4))
         free = tuple(sorted(data.draw(st.lists(times, min_size=slots, max_size=slots)))) if data.draw(st.booleans()) else ()
-        s = dataclasses.replace(e.state, slots=slots, free_s=free, backlog_s=data.draw(times),
+        s = msgspec.structs.replace(e.state, slots=slots, free_s=free, backlog_s=data.draw(times),
                                 throughput={"sim": data.draw(st.floats(0.25, 4.0))}, ttl_s=600.0)
         issued = t0 + data.draw(st.floats(0.0, 20.0))
         view.merge(f"p{i}", s, issued, e.raw, issued)

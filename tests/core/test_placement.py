@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import random
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +40,7 @@ def test_peer_state_says_when_its_slots_free_up() -> None:
 
 
 def _entry(peer: str, base: ViewEntry, **changes: object) -> ViewEntry:
-    return ViewEntry(peer, dataclasses.replace(base.state, **changes), base.issued_at, base.raw, base.learnt_at)
+    return ViewEntry(peer, msgspec.structs.replace(base.state, **changes), base.issued_at, base.raw, base.learnt_at)
 
 
 def test_a_short_shard_invites_the_near_peer_that_runs_it_slower() -> None:
@@ -58,7 +59,7 @@ def test_a_short_shard_invites_the_near_peer_that_runs_it_slower() -> None:
     short = JobSpec("s", "sim", 1, False, 0.5, 1, 0, None, 1.0, 0.0, now, b"\x80")
     assert c._pick(short, [far, near], 1, now) == ["N"]
     # a 5 s shard: F's 1.5 s faster run outweighs its round trips
-    assert c._pick(dataclasses.replace(short, work_s=5.0), [far, near], 1, now) == ["F"]
+    assert c._pick(msgspec.structs.replace(short, work_s=5.0), [far, near], 1, now) == ["F"]
 
 
 def test_gang_ranking_uses_when_slots_free_together() -> None:
@@ -73,7 +74,7 @@ def test_gang_ranking_uses_when_slots_free_together() -> None:
     c = ClientCore(ident(99), ClientConfig(explore_ratio=0.0), random.Random(1))
     now = base.issued_at
     gang = JobSpec("g", "sim", 1, False, 5.0, 8, 0, None, 1.0, 0.0, now, b"\x80")
-    single = dataclasses.replace(gang, gpus=1)
+    single = msgspec.structs.replace(gang, gpus=1)
     assert c._pick(gang, [a, b], 1, now) == ["B"]
     assert c._pick(single, [a, b], 1, now) == ["A"]
     # a shard with a deadline jumps queues when it is urgent: what counts is
@@ -81,7 +82,7 @@ def test_gang_ranking_uses_when_slots_free_together() -> None:
     queue = _entry("C", base, backlog_s=400.0, free_s=(1.0,) + (300.0,) * 7)
     busy = _entry("D", base, backlog_s=30.0, free_s=(30.0,) * 8)
     assert c._pick(single, [queue, busy], 1, now) == ["D"]
-    assert c._pick(dataclasses.replace(single, deadline_s=30.0), [queue, busy], 1, now) == ["C"]
+    assert c._pick(msgspec.structs.replace(single, deadline_s=30.0), [queue, busy], 1, now) == ["C"]
 
 
 A100 = PowerModel(idle_w=60.0, max_w=400.0, alpha=2.5, levels=(0.6, 1.0))

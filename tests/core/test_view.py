@@ -68,7 +68,7 @@ def test_expire_drops_exactly_the_expired_entries_and_buries_them(ops: list) -> 
 
 
 def _state_cap(seq: int, ttl: float, leaving: bool, slots: int, free: tuple[float, ...]) -> PeerState:
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     return replace(_state(seq, ttl, leaving), slots=slots, free_s=free)
 

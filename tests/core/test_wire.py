@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import msgspec
 
 import random
 
@@ -179,13 +179,13 @@ def test_older_peers_bodies_still_decode() -> None:
     # predate those optional fields send
     st = PeerState(1, 30.0, (), 1, {"*": 1.0}, 0.0, PowerInfo(0, 0, 0, 0, 2.5, (1.0,)), 0.0, 0.0, (), "volunteer",
                    b"", (), "", False, {}, (4.0,))
-    assert PeerState.from_body(st.to_body()[:16]) == dataclasses.replace(st, free_s=())
+    assert PeerState.from_body(st.to_body()[:16]) == msgspec.structs.replace(st, free_s=())
     assert Gossip.from_body([[], True]) == Gossip((), True, 0)
     with pytest.raises(RemoteProtocolError):
         PeerState.from_body(st.to_body()[:16] + [[5.0, 1.0]])  # free times must ascend
     # a Bid without next_s
     bid = Bid("j", 0, (0,), 1.0, 2.0, 4, 1.0, 5.0, 0.0, "volunteer", (3.0, 9.0))
-    assert Bid.from_body(bid.to_body()[:10]) == dataclasses.replace(bid, next_s=())
+    assert Bid.from_body(bid.to_body()[:10]) == msgspec.structs.replace(bid, next_s=())
     assert Bid.from_body(bid.to_body()) == bid
     with pytest.raises(RemoteProtocolError):
         Bid.from_body(bid.to_body()[:10] + [[9.0, 3.0]])  # further waits must ascend
@@ -262,3 +262,66 @@ def test_a_renewal_batch_is_checked_item_by_item() -> None:
         LeaseRenewBatch.from_body([[["j", 0, 0, True]]])  # an item short of a field
     with pytest.raises(RemoteProtocolError):
         LeaseAckBatch.from_body([[["j", 0, 0, True, 1e9]]])  # a lease longer than a day
+
+
+def _plain(v):
+    """A message's field list written out by hand, as the msgpack package
+    would see it: structs and tuples become lists, maps keep their order."""
+    if isinstance(v, msgspec.Struct):
+        return [_plain(getattr(v, f)) for f in v.__struct_fields__]
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+@settings(max_examples=300)
+@given(messages, st.floats(-1e9, 1e9), st.integers(0, 2**63))
+def test_msgspec_encodes_the_bytes_msgpack_packb_gives(msg, issued_at, nonce) -> None:
+    # the signature covers these bytes, so a peer built on the msgpack
+    # package (or an older fedswarm) must produce and read the same ones
+    raw = encode(msg, ALICE, issued_at=issued_at, nonce=nonce, check=False)
+    sig, payload = msgpack.unpackb(raw)
+    assert raw == msgpack.packb([sig, payload], use_bin_type=True)
+    want = msgpack.packb([1, msg.KIND, ALICE.peer_id, float(issued_at), nonce, _plain(msg), {}], use_bin_type=True)
+    assert payload == want
+
+
+def _reason(body, kind) -> str:
+    payload = msgpack.packb([1, kind, ALICE.peer_id, 1.0, 1, body, {}], use_bin_type=True)
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(msgpack.packb([ALICE.sign(payload), payload], use_bin_type=True))
+    return exc.value.reason
+
+
+def test_bodies_are_checked_strictly() -> None:
+    ack = LeaseAck("j", 1, 0, True, 5.0)
+    good = _plain(ack)
+    assert decode(encode(ack, ALICE, issued_at=1.0, nonce=1)).msg == ack
+    assert _reason(good + [1], LeaseAck.KIND) == "bad-field"  # a field no reader knows
+    assert _reason(good[:4], LeaseAck.KIND) == "bad-field"  # one missing
+    assert _reason(["j", True, 0, True, 5.0], LeaseAck.KIND) == "bad-field"  # a bool for an int
+    assert _reason(["j", 1.0, 0, True, 5.0], LeaseAck.KIND) == "bad-field"  # a float for an int
+    assert _reason(["j", 1, 0, 1, 5.0], LeaseAck.KIND) == "bad-field"  # an int for a bool
+    assert _reason(["j", 1, 0, True, float("nan")], LeaseAck.KIND) == "bad-field"
+    assert _reason(["j", 1, 0, True, 1e9], LeaseAck.KIND) == "bad-field"  # past a day
+    assert _reason(["", 1, 0, True, 5.0], LeaseAck.KIND) == "bad-field"  # an empty job id
+    assert _reason(["j" * 129, 1, 0, True, 5.0], LeaseAck.KIND) == "bad-field"
+    assert _reason({"job_id": "j"}, LeaseAck.KIND) == "malformed"  # not a field list
+    # an int where a float goes is a float (what the msgpack package sends for 5)
+    got = decode(msgpack.packb([ALICE.sign(p := msgpack.packb([1, LeaseAck.KIND, ALICE.peer_id, 1.0, 1, ["j", 1, 0, True, 5], {}])), p]))
+    assert got.msg == ack and type(got.msg.lease_s) is float
+    # nested structs are held to their own rules
+    span = ["m", 3, 2, 1.0]  # ends before it starts
+    st_ok = _plain(PeerState(1, 30.0, (), 1, {}, 0.0, PowerInfo(0, 0, 0, 0, 2.5, (1.0,)), 0.0, 0.0, (), "volunteer",
+                             b"", (), "", False, {}))
+    bad = list(st_ok)
+    bad[9] = [span]
+    assert _reason(bad, PeerState.KIND) == "bad-field"
+    bad = list(st_ok)
+    bad[6] = [0, 0, 0, 0, 2.5, []]  # no frequency levels
+    assert _reason(bad, PeerState.KIND) == "bad-field"
+    bad = list(st_ok)
+    bad[4] = {"*": -1.0}
+    assert _reason(bad, PeerState.KIND) == "bad-field"

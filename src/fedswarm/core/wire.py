@@ -12,25 +12,34 @@ Rules
    older readers ignore (forward compatibility without a version bump).
 3. Only ``Gossip`` may travel unsigned (empty signature): it is a container of
    signed ``PeerState`` envelopes and claims nothing itself.
-4. Decoding never trusts its input: unpack limits bound every length, every
-   field is type- and range-checked in the message constructor, unknown kinds
-   and versions are refused. Any failure is a ``RemoteProtocolError`` whose
-   ``reason`` is a stable tag the core counts (``oversize``, ``malformed``,
-   ``bad-version``, ``unknown-kind``, ``bad-field``, ``bad-signature``,
-   ``unsigned``).
+4. Decoding never trusts its input. Messages are msgspec ``Struct`` types
+   encoded as arrays; their annotations carry every bound (lengths, ranges,
+   non-empty strings), and msgspec's decoder checks them and the types in C,
+   strictly: a missing field, an extra one, a bool for an int or a NaN are
+   refused. A few rules that annotations cannot say (a span ends after it
+   starts, waits ascend) are checked after decoding (``_check``). Unknown
+   kinds and versions are refused. Any failure is a ``RemoteProtocolError``
+   whose ``reason`` is a stable tag the core counts (``oversize``,
+   ``malformed``, ``bad-version``, ``unknown-kind``, ``bad-field``,
+   ``bad-signature``, ``unsigned``).
 
 No pickle, no msgpack ext types: bytes, str, ints, floats, bools, None, lists
-and string-keyed maps only.
+and string-keyed maps only. The bytes a message encodes to are the same as
+those of the ``msgpack`` package's ``packb`` of its field list (floats as
+float64, the smallest int encodings, bin for bytes), so peers built on either
+interoperate and a signature covers the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Iterable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Iterable, TypeVar
 
 import msgpack
+import msgspec
+from msgspec import Meta, Struct
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .identity import Identity, verify
@@ -71,187 +80,119 @@ VERSION = 1
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _MAX_ITEMS = 4096
 _MAX_PARAMS_BYTES = 1024 * 1024
+MAX_BID_NEXT = 16  # waits a bid may list for a job's further shards
+MAX_GOSSIP_REPLY = 255  # entries a gossip reply may be asked for (one is the replier's own)
+MAX_BATCH = 4096  # renewals (or acks) in one batch
 
 
 # --------------------------------------------------------------------------
-# field validators: each returns the value or raises RemoteProtocolError
+# field types: the bounds a receiver enforces, as msgspec annotations
+#
+# A float field takes an int (as a float); its lower bound also refuses NaN.
+
+U63 = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Count = Annotated[int, Meta(ge=0, le=4096)]
+BlockNo = Annotated[int, Meta(ge=0, le=100_000)]
+ShardNo = Annotated[int, Meta(ge=0, le=1_000_000)]
+Name = Annotated[str, Meta(min_length=1, max_length=128)]
+Text256 = Annotated[str, Meta(max_length=256)]
+Short = Annotated[str, Meta(max_length=64)]
+Trust = Annotated[str, Meta(max_length=32)]
+Watts = Annotated[float, Meta(ge=0.0, le=1e7)]
+Level = Annotated[float, Meta(ge=0.01, le=1.0)]
+Seconds = Annotated[float, Meta(ge=0.0, le=1e9)]
+LeaseSeconds = Annotated[float, Meta(ge=0.0, le=86400.0)]
+Joules = Annotated[float, Meta(ge=0.0, le=1e15)]
+Grams = Annotated[float, Meta(ge=0.0, le=1e12)]
+ShardList = Annotated[tuple[ShardNo, ...], Meta(max_length=4096)]
+EnvelopeBytes = Annotated[bytes, Meta(max_length=_MAX_PARAMS_BYTES + 4096)]
 
 
 def _bad(name: str, why: str) -> RemoteProtocolError:
     return RemoteProtocolError("bad-field", f"{name}: {why}")
 
 
-def _str(v: Any, name: str, max_len: int = 256, *, empty: bool = True) -> str:
-    if type(v) is not str:
-        raise _bad(name, "not a string")
-    if len(v) > max_len or (not empty and not v):
-        raise _bad(name, "bad length")
-    return v
-
-
-def _bytes(v: Any, name: str, max_len: int = MAX_MESSAGE_BYTES) -> bytes:
-    if type(v) is not bytes:
-        raise _bad(name, "not bytes")
-    if len(v) > max_len:
-        raise _bad(name, "too long")
-    return v
-
-
-def _int(v: Any, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
-    if type(v) is not int:
-        raise _bad(name, "not an int")
-    if not lo <= v <= hi:
-        raise _bad(name, f"out of range [{lo}, {hi}]")
-    return v
-
-
-def _float(v: Any, name: str, lo: float = 0.0, hi: float = 1e18) -> float:
-    if type(v) is int:
-        v = float(v)
-    if type(v) is not float or math.isnan(v):
-        raise _bad(name, "not a float")
-    if not lo <= v <= hi:
-        raise _bad(name, f"out of range [{lo}, {hi}]")
-    return v
-
-
-def _bool(v: Any, name: str) -> bool:
-    if type(v) is not bool:
-        raise _bad(name, "not a bool")
-    return v
-
-
-def _list(v: Any, name: str, max_len: int = _MAX_ITEMS) -> list[Any]:
-    if type(v) is not list:
-        raise _bad(name, "not a list")
-    if len(v) > max_len:
-        raise _bad(name, "too many items")
-    return v
-
-
-def _opt_float(v: Any, name: str, lo: float = 0.0, hi: float = 1e18) -> float | None:
-    return None if v is None else _float(v, name, lo, hi)
+def _ascending(xs: tuple[float, ...], name: str) -> None:
+    for a, b in zip(xs, xs[1:]):
+        if b < a:
+            raise _bad(name, "not ascending")
 
 
 # --------------------------------------------------------------------------
 # messages
 
+W = TypeVar("W", bound="_Wire")
 
-class Message:
-    """Base of wire messages: frozen slotted dataclasses validated eagerly.
 
-    Subclasses define ``KIND`` and ``FIELDS`` (name, validator) in wire order;
-    ``from_body`` validates a received body; ``to_body`` produces it.
-    """
+class _Wire(Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """Base of everything on the wire: frozen, positional (a msgpack array
+    in field order), with no field a receiver does not know."""
+
+    def _check(self) -> None:
+        """Rules the annotations cannot express; raise ``RemoteProtocolError``."""
+
+    def to_body(self) -> list[Any]:
+        """The field list as plain msgpack types (what ``from_body`` reads)."""
+        out: list[Any] = msgspec.msgpack.decode(_ENC.encode(self))
+        return out
+
+    @classmethod
+    def from_body(cls: type[W], body: Any) -> W:
+        """Validate a decoded field list as this class (strictly, as on the wire)."""
+        try:
+            msg = msgspec.convert(body, cls)
+        except (msgspec.ValidationError, TypeError, ValueError) as exc:
+            raise _bad(cls.__name__, str(exc)) from None
+        msg._check()
+        return msg
+
+
+class Message(_Wire, frozen=True):
+    """Base of wire messages. Subclasses define ``KIND`` and their fields in
+    wire order; optional trailing fields (with defaults) are what older
+    peers may leave out."""
 
     KIND: ClassVar[int] = 0
     SIGNED: ClassVar[bool] = True
 
-    def to_body(self) -> list[Any]:
-        return [_to_wire(getattr(self, f.name)) for f in fields(self)]  # type: ignore[arg-type]
 
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "Message":
-        raise NotImplementedError
-
-
-def _to_wire(v: Any) -> Any:
-    if isinstance(v, (Device, PowerInfo, Span)):
-        return v.to_list()
-    if isinstance(v, tuple):
-        return [_to_wire(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _to_wire(x) for k, x in v.items()}
-    return v
+class Device(_Wire, frozen=True):
+    kind: Annotated[str, Meta(min_length=1, max_length=16)]  # "cuda", "cpu", "rocm", "mps"
+    name: Annotated[str, Meta(max_length=128)]
+    count: Count
+    mem_total: U63  # bytes per device
+    mem_free: U63
 
 
-@dataclass(frozen=True, slots=True)
-class Device:
-    kind: str  # "cuda", "cpu", "rocm", "mps"
-    name: str
-    count: int
-    mem_total: int  # bytes per device
-    mem_free: int
-
-    def to_list(self) -> list[Any]:
-        return [self.kind, self.name, self.count, self.mem_total, self.mem_free]
-
-    @classmethod
-    def from_list(cls, v: Any) -> "Device":
-        v = _list(v, "device", 5)
-        if len(v) != 5:
-            raise _bad("device", "needs 5 fields")
-        return cls(
-            _str(v[0], "device.kind", 16, empty=False),
-            _str(v[1], "device.name", 128),
-            _int(v[2], "device.count", 0, 4096),
-            _int(v[3], "device.mem_total"),
-            _int(v[4], "device.mem_free"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class PowerInfo:
+class PowerInfo(_Wire, frozen=True):
     """Power state: watts now, the power curve and the levels it can run at.
 
     ``levels`` are relative clock frequencies in (0, 1]; power at level f is
     ``idle_w + (max_w - idle_w) * f ** alpha`` (see ``core.energy``).
     """
 
-    now_w: float
-    idle_w: float
-    max_w: float
-    cap_w: float
-    alpha: float
-    levels: tuple[float, ...]
-
-    def to_list(self) -> list[Any]:
-        return [self.now_w, self.idle_w, self.max_w, self.cap_w, self.alpha, list(self.levels)]
-
-    @classmethod
-    def from_list(cls, v: Any) -> "PowerInfo":
-        v = _list(v, "power", 6)
-        if len(v) != 6:
-            raise _bad("power", "needs 6 fields")
-        levels = tuple(_float(x, "power.level", 0.01, 1.0) for x in _list(v[5], "power.levels", 64))
-        if not levels:
-            raise _bad("power.levels", "empty")
-        return cls(
-            _float(v[0], "power.now_w", 0, 1e7),
-            _float(v[1], "power.idle_w", 0, 1e7),
-            _float(v[2], "power.max_w", 0, 1e7),
-            _float(v[3], "power.cap_w", 0, 1e7),
-            _float(v[4], "power.alpha", 0.5, 5.0),
-            levels,
-        )
+    now_w: Watts
+    idle_w: Watts
+    max_w: Watts
+    cap_w: Watts
+    alpha: Annotated[float, Meta(ge=0.5, le=5.0)]
+    levels: Annotated[tuple[Level, ...], Meta(min_length=1, max_length=64)]
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+class Span(_Wire, frozen=True):
     """A contiguous span of transformer blocks ``[start, end)`` a peer serves."""
 
-    model: str  # content hash of the model
-    start: int
-    end: int
-    throughput: float  # tokens/s this peer sustains through the span
+    model: Name  # content hash of the model
+    start: BlockNo
+    end: BlockNo
+    throughput: Annotated[float, Meta(ge=0.0, le=1e18)]  # tokens/s this peer sustains through the span
 
-    def to_list(self) -> list[Any]:
-        return [self.model, self.start, self.end, self.throughput]
-
-    @classmethod
-    def from_list(cls, v: Any) -> "Span":
-        v = _list(v, "span", 4)
-        if len(v) != 4:
-            raise _bad("span", "needs 4 fields")
-        start = _int(v[1], "span.start", 0, 100000)
-        end = _int(v[2], "span.end", 0, 100000)
-        if end <= start:
+    def _check(self) -> None:
+        if self.end <= self.start:
             raise _bad("span", "end <= start")
-        return cls(_str(v[0], "span.model", 128, empty=False), start, end, _float(v[3], "span.throughput"))
 
 
-@dataclass(frozen=True, slots=True)
-class PeerState(Message):
+class PeerState(Message, frozen=True):
     """A peer's signed advertisement of its capacity and power state.
 
     ``throughput`` maps a task kind (or ``"*"`` for any) to a speed relative to
@@ -261,75 +202,34 @@ class PeerState(Message):
     """
 
     KIND: ClassVar[int] = 1
-    seq: int
-    ttl_s: float
-    devices: tuple[Device, ...]
-    slots: int
-    throughput: dict[str, float]
-    backlog_s: float
+    seq: U63
+    ttl_s: Annotated[float, Meta(ge=0.1, le=86400.0)]
+    devices: Annotated[tuple[Device, ...], Meta(max_length=64)]
+    slots: Count
+    throughput: Annotated[dict[Short, Annotated[float, Meta(ge=0.0, le=1e6)]], Meta(max_length=64)]
+    backlog_s: Seconds
     power: PowerInfo
-    energy_price: float  # currency units per kWh
-    carbon_g_kwh: float
-    spans: tuple[Span, ...]
-    trust: str  # "volunteer" | "datacenter"
-    membership: bytes  # federation signature admitting a trusted peer (or b"")
-    addrs: tuple[str, ...]
-    region: str
+    energy_price: Annotated[float, Meta(ge=0.0, le=1e6)]  # currency units per kWh
+    carbon_g_kwh: Annotated[float, Meta(ge=0.0, le=1e5)]
+    spans: Annotated[tuple[Span, ...], Meta(max_length=64)]
+    trust: Trust  # "volunteer" | "datacenter"
+    membership: Annotated[bytes, Meta(max_length=512)]  # federation signature admitting a trusted peer (or b"")
+    addrs: Annotated[tuple[Annotated[str, Meta(max_length=512)], ...], Meta(max_length=16)]
+    region: Short
     leaving: bool
-    ledger: dict[str, float]
+    ledger: Annotated[dict[Short, Annotated[float, Meta(ge=-1e12, le=1e12)]], Meta(max_length=256)]
     #: seconds until 1, 2, ... of its slots are free at once (running shards
     #: only; at most 64 entries, ascending). Lets a client rank peers for a
     #: gang, which needs several slots together. Absent from older peers.
-    free_s: tuple[float, ...] = ()
+    free_s: Annotated[tuple[Seconds, ...], Meta(max_length=64)] = ()
 
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "PeerState":
-        if len(body) not in (16, 17):
-            raise _bad("PeerState", "needs 16 or 17 fields")
-        thr = body[4]
-        if type(thr) is not dict or len(thr) > 64:
-            raise _bad("throughput", "not a small map")
-        ledger = body[15]
-        if type(ledger) is not dict or len(ledger) > 256:
-            raise _bad("ledger", "not a small map")
-        return cls(
-            seq=_int(body[0], "seq"),
-            ttl_s=_float(body[1], "ttl_s", 0.1, 86400),
-            devices=tuple(Device.from_list(d) for d in _list(body[2], "devices", 64)),
-            slots=_int(body[3], "slots", 0, 4096),
-            throughput={_str(k, "throughput.kind", 64): _float(v, "throughput", 0, 1e6) for k, v in thr.items()},
-            backlog_s=_float(body[5], "backlog_s", 0, 1e9),
-            power=PowerInfo.from_list(body[6]),
-            energy_price=_float(body[7], "energy_price", 0, 1e6),
-            carbon_g_kwh=_float(body[8], "carbon_g_kwh", 0, 1e5),
-            spans=tuple(Span.from_list(s) for s in _list(body[9], "spans", 64)),
-            trust=_str(body[10], "trust", 32),
-            membership=_bytes(body[11], "membership", 512),
-            addrs=tuple(_str(a, "addr", 512) for a in _list(body[12], "addrs", 16)),
-            region=_str(body[13], "region", 64),
-            leaving=_bool(body[14], "leaving"),
-            ledger={_str(k, "ledger.tenant", 64): _float(v, "ledger", -1e12, 1e12) for k, v in ledger.items()},
-            free_s=_free_times(body[16]) if len(body) == 17 else (),
-        )
+    def _check(self) -> None:
+        for s in self.spans:
+            s._check()
+        _ascending(self.free_s, "free_s")
 
 
-def _free_times(obj: Any) -> tuple[float, ...]:
-    return _waits(obj, "free_s", 64)
-
-
-def _waits(obj: Any, name: str, most: int) -> tuple[float, ...]:
-    out = tuple(_float(x, name, 0, 1e9) for x in _list(obj, name, most))
-    if any(b < a for a, b in zip(out, out[1:])):
-        raise _bad(name, "not ascending")
-    return out
-
-
-MAX_BID_NEXT = 16  # waits a bid may list for a job's further shards
-MAX_GOSSIP_REPLY = 255  # entries a gossip reply may be asked for (one is the replier's own)
-
-
-@dataclass(frozen=True, slots=True)
-class Gossip(Message):
+class Gossip(Message, frozen=True):
     """Anti-entropy push: signed PeerState envelopes; ``reply`` asks for ours.
 
     ``want`` (optional, 0 = the replier's default) asks the reply to carry up
@@ -340,23 +240,12 @@ class Gossip(Message):
 
     KIND: ClassVar[int] = 2
     SIGNED: ClassVar[bool] = False
-    entries: tuple[bytes, ...]
+    entries: Annotated[tuple[Annotated[bytes, Meta(max_length=16384)], ...], Meta(max_length=256)]
     reply: bool
-    want: int = 0
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "Gossip":
-        if len(body) not in (2, 3):
-            raise _bad("Gossip", "needs 2 or 3 fields")
-        return cls(
-            tuple(_bytes(e, "entry", 16384) for e in _list(body[0], "entries", 256)),
-            _bool(body[1], "reply"),
-            _int(body[2], "want", 0, MAX_GOSSIP_REPLY) if len(body) == 3 else 0,
-        )
+    want: Annotated[int, Meta(ge=0, le=MAX_GOSSIP_REPLY)] = 0
 
 
-@dataclass(frozen=True, slots=True)
-class JobSpec(Message):
+class JobSpec(Message, frozen=True):
     """A tenant's signed job: ``shards`` shards of task ``task``.
 
     ``work_s`` is one shard's run time on ``gpus`` reference devices;
@@ -366,61 +255,30 @@ class JobSpec(Message):
     """
 
     KIND: ClassVar[int] = 3
-    job_id: str
-    task: str
-    shards: int
+    job_id: Name
+    task: Annotated[str, Meta(min_length=1, max_length=64)]
+    shards: Annotated[int, Meta(ge=1, le=1_000_000)]
     chain: bool
-    work_s: float
-    gpus: int
-    mem_bytes: int
-    deadline_s: float | None
-    weight: float
-    lam: float
-    submitted_at: float
-    params: bytes
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "JobSpec":
-        if len(body) != 12:
-            raise _bad("JobSpec", "needs 12 fields")
-        return cls(
-            job_id=_str(body[0], "job_id", 128, empty=False),
-            task=_str(body[1], "task", 64, empty=False),
-            shards=_int(body[2], "shards", 1, 1_000_000),
-            chain=_bool(body[3], "chain"),
-            work_s=_float(body[4], "work_s", 0, 1e9),
-            gpus=_int(body[5], "gpus", 0, 4096),
-            mem_bytes=_int(body[6], "mem_bytes"),
-            deadline_s=_opt_float(body[7], "deadline_s", 0, 1e9),
-            weight=_float(body[8], "weight", 1e-6, 1e6),
-            lam=_float(body[9], "lam", 0, 1e6),
-            submitted_at=_float(body[10], "submitted_at", -1e12, 1e12),
-            params=_bytes(body[11], "params", _MAX_PARAMS_BYTES),
-        )
+    work_s: Seconds
+    gpus: Count
+    mem_bytes: U63
+    deadline_s: Seconds | None
+    weight: Annotated[float, Meta(ge=1e-6, le=1e6)]
+    lam: Annotated[float, Meta(ge=0.0, le=1e6)]
+    submitted_at: Annotated[float, Meta(ge=-1e12, le=1e12)]
+    params: Annotated[bytes, Meta(max_length=_MAX_PARAMS_BYTES)]
 
 
-def _shard_list(v: Any, name: str) -> tuple[int, ...]:
-    return tuple(_int(s, name, 0, 1_000_000) for s in _list(v, name, 4096))
-
-
-@dataclass(frozen=True, slots=True)
-class CallForBids(Message):
+class CallForBids(Message, frozen=True):
     """Client -> peer: bid on these shards of the (tenant-signed) job."""
 
     KIND: ClassVar[int] = 4
-    job: bytes  # signed JobSpec envelope
-    shards: tuple[int, ...]
-    round: int
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "CallForBids":
-        if len(body) != 3:
-            raise _bad("CallForBids", "needs 3 fields")
-        return cls(_bytes(body[0], "job", _MAX_PARAMS_BYTES + 4096), _shard_list(body[1], "shards"), _int(body[2], "round"))
+    job: EnvelopeBytes  # signed JobSpec envelope
+    shards: ShardList
+    round: U63
 
 
-@dataclass(frozen=True, slots=True)
-class Bid(Message):
+class Bid(Message, frozen=True):
     """Peer -> client: an offer for the listed shards of one auction round.
 
     ``start_s`` is the estimated wait before the first shard starts,
@@ -432,230 +290,112 @@ class Bid(Message):
     """
 
     KIND: ClassVar[int] = 5
-    job_id: str
-    round: int
-    shards: tuple[int, ...]
-    start_s: float
-    run_s: float
-    slots: int
-    level: float
-    energy_j: float
-    carbon_g: float
-    trust: str
-    next_s: tuple[float, ...] = ()
+    job_id: Name
+    round: U63
+    shards: ShardList
+    start_s: Seconds
+    run_s: Seconds
+    slots: Annotated[int, Meta(ge=1, le=4096)]
+    level: Level
+    energy_j: Joules
+    carbon_g: Grams
+    trust: Trust
+    next_s: Annotated[tuple[Seconds, ...], Meta(max_length=MAX_BID_NEXT)] = ()
 
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "Bid":
-        if len(body) not in (10, 11):
-            raise _bad("Bid", "needs 10 or 11 fields")
-        return cls(
-            _str(body[0], "job_id", 128, empty=False),
-            _int(body[1], "round"),
-            _shard_list(body[2], "shards"),
-            _float(body[3], "start_s", 0, 1e9),
-            _float(body[4], "run_s", 0, 1e9),
-            _int(body[5], "slots", 1, 4096),
-            _float(body[6], "level", 0.01, 1.0),
-            _float(body[7], "energy_j", 0, 1e15),
-            _float(body[8], "carbon_g", 0, 1e12),
-            _str(body[9], "trust", 32),
-            _waits(body[10], "next_s", MAX_BID_NEXT) if len(body) == 11 else (),
-        )
+    def _check(self) -> None:
+        _ascending(self.next_s, "next_s")
 
 
-@dataclass(frozen=True, slots=True)
-class Award(Message):
+class Award(Message, frozen=True):
     """Client -> winning peer: run ``shard`` (attempt ``attempt``) under a lease."""
 
     KIND: ClassVar[int] = 6
-    job: bytes  # signed JobSpec envelope
-    peer: str  # the winner: an award replayed to another peer is refused
-    shard: int
-    attempt: int
-    lease_s: float
-    level: float
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "Award":
-        if len(body) != 6:
-            raise _bad("Award", "needs 6 fields")
-        return cls(
-            _bytes(body[0], "job", _MAX_PARAMS_BYTES + 4096),
-            _str(body[1], "peer", 128, empty=False),
-            _int(body[2], "shard", 0, 1_000_000),
-            _int(body[3], "attempt", 0, 1_000_000),
-            _float(body[4], "lease_s", 0.01, 86400),
-            _float(body[5], "level", 0.01, 1.0),
-        )
+    job: EnvelopeBytes  # signed JobSpec envelope
+    peer: Name  # the winner: an award replayed to another peer is refused
+    shard: ShardNo
+    attempt: ShardNo
+    lease_s: Annotated[float, Meta(ge=0.01, le=86400.0)]
+    level: Level
 
 
-def _shard_ref(body: list[Any], n: int, name: str) -> tuple[str, int, int]:
-    if len(body) != n:
-        raise _bad(name, f"needs {n} fields")
-    return (
-        _str(body[0], "job_id", 128, empty=False),
-        _int(body[1], "shard", 0, 1_000_000),
-        _int(body[2], "attempt", 0, 1_000_000),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class AwardDecline(Message):
+class AwardDecline(Message, frozen=True):
     KIND: ClassVar[int] = 7
-    job_id: str
-    shard: int
-    attempt: int
-    reason: str
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "AwardDecline":
-        j, s, a = _shard_ref(body, 4, "AwardDecline")
-        return cls(j, s, a, _str(body[3], "reason", 256))
+    job_id: Name
+    shard: ShardNo
+    attempt: ShardNo
+    reason: Text256
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRenew(Message):
+class LeaseRenew(Message, frozen=True):
     """Peer -> client: still holding the shard; ``running`` or queued; ETA."""
 
     KIND: ClassVar[int] = 8
-    job_id: str
-    shard: int
-    attempt: int
+    job_id: Name
+    shard: ShardNo
+    attempt: ShardNo
     running: bool
-    eta_s: float
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "LeaseRenew":
-        j, s, a = _shard_ref(body, 5, "LeaseRenew")
-        return cls(j, s, a, _bool(body[3], "running"), _float(body[4], "eta_s", 0, 1e9))
+    eta_s: Seconds
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseAck(Message):
+class LeaseAck(Message, frozen=True):
     """Client -> peer: lease extended by ``lease_s`` (``ok``) or revoked."""
 
     KIND: ClassVar[int] = 9
-    job_id: str
-    shard: int
-    attempt: int
+    job_id: Name
+    shard: ShardNo
+    attempt: ShardNo
     ok: bool
-    lease_s: float
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "LeaseAck":
-        j, s, a = _shard_ref(body, 5, "LeaseAck")
-        return cls(j, s, a, _bool(body[3], "ok"), _float(body[4], "lease_s", 0, 86400))
+    lease_s: LeaseSeconds
 
 
-MAX_BATCH = 4096  # renewals (or acks) in one batch
-
-
-def _batch(body: list[Any], name: str, field_name: str, item: Any) -> tuple[Any, ...]:
-    """A batch body: one non-empty list of at most ``MAX_BATCH`` bodies of
-    ``item`` (a message class), each validated as that message would be."""
-    if len(body) != 1:
-        raise _bad(name, "needs 1 field")
-    items = _list(body[0], field_name, MAX_BATCH)
-    if not items:
-        raise _bad(field_name, "empty")
-    return tuple(item.from_body(_list(x, field_name, 16)) for x in items)
-
-
-class _Batch(Message):
-    """Several messages of kind ``ITEM`` in one: the body is one non-empty
-    list of their bodies (at most ``MAX_BATCH``), each checked as that
-    message would be. The subclass's one field holds them."""
-
-    __slots__ = ()
-    ITEM: ClassVar[type[Message]]
-
-    def to_body(self) -> list[Any]:
-        return [[x.to_body() for x in getattr(self, fields(self)[0].name)]]  # type: ignore[arg-type]
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "Message":
-        return cls(_batch(body, cls.__name__, fields(cls)[0].name, cls.ITEM))  # type: ignore[arg-type, call-arg]
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRenewBatch(_Batch):
+class LeaseRenewBatch(Message, frozen=True):
     """Peer -> client: the renewals of several of its shards held here, in
-    one message per (peer, client) pair and renewal round."""
+    one message per (peer, client) pair and renewal round. The body is one
+    non-empty list of at most ``MAX_BATCH`` renewal bodies, each checked as
+    a ``LeaseRenew`` is."""
 
     KIND: ClassVar[int] = 14
-    ITEM: ClassVar[type[Message]] = LeaseRenew
-    renewals: tuple[LeaseRenew, ...]
+    renewals: Annotated[tuple[LeaseRenew, ...], Meta(min_length=1, max_length=MAX_BATCH)]
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseAckBatch(_Batch):
+class LeaseAckBatch(Message, frozen=True):
     """Client -> peer: the answers to one ``LeaseRenewBatch``, in its order."""
 
     KIND: ClassVar[int] = 15
-    ITEM: ClassVar[type[Message]] = LeaseAck
-    acks: tuple[LeaseAck, ...]
+    acks: Annotated[tuple[LeaseAck, ...], Meta(min_length=1, max_length=MAX_BATCH)]
 
 
-@dataclass(frozen=True, slots=True)
-class ShardResult(Message):
+class ShardResult(Message, frozen=True):
     """Peer -> client: the outcome of one attempt of one shard."""
 
     KIND: ClassVar[int] = 10
-    job_id: str
-    shard: int
-    attempt: int
+    job_id: Name
+    shard: ShardNo
+    attempt: ShardNo
     ok: bool
-    result: bytes  # msgpack-encoded result map, or b"" on failure
-    error: str
-    gpu_s: float
-    energy_j: float
-    carbon_g: float
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "ShardResult":
-        j, s, a = _shard_ref(body, 9, "ShardResult")
-        return cls(
-            j,
-            s,
-            a,
-            _bool(body[3], "ok"),
-            _bytes(body[4], "result"),
-            _str(body[5], "error", 1024),
-            _float(body[6], "gpu_s", 0, 1e12),
-            _float(body[7], "energy_j", 0, 1e15),
-            _float(body[8], "carbon_g", 0, 1e12),
-        )
+    result: Annotated[bytes, Meta(max_length=MAX_MESSAGE_BYTES)]  # msgpack-encoded result map, or b"" on failure
+    error: Annotated[str, Meta(max_length=1024)]
+    gpu_s: Annotated[float, Meta(ge=0.0, le=1e12)]
+    energy_j: Joules
+    carbon_g: Grams
 
 
-@dataclass(frozen=True, slots=True)
-class ResultAck(Message):
+class ResultAck(Message, frozen=True):
     KIND: ClassVar[int] = 11
-    job_id: str
-    shard: int
-    attempt: int
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "ResultAck":
-        return cls(*_shard_ref(body, 3, "ResultAck"))
+    job_id: Name
+    shard: ShardNo
+    attempt: ShardNo
 
 
-@dataclass(frozen=True, slots=True)
-class Cancel(Message):
+class Cancel(Message, frozen=True):
     """Tenant -> peer: drop these shards of the tenant's job (all if empty)."""
 
     KIND: ClassVar[int] = 12
-    job_id: str
-    shards: tuple[int, ...]
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "Cancel":
-        if len(body) != 2:
-            raise _bad("Cancel", "needs 2 fields")
-        return cls(_str(body[0], "job_id", 128, empty=False), _shard_list(body[1], "shards"))
+    job_id: Name
+    shards: ShardList
 
 
-@dataclass(frozen=True, slots=True)
-class Accusation(Message):
+class Accusation(Message, frozen=True):
     """A tenant's evidence that ``accused`` returned a wrong result.
 
     ``evidence`` holds signed ``ShardResult`` envelopes for one shard: the
@@ -665,21 +405,10 @@ class Accusation(Message):
     """
 
     KIND: ClassVar[int] = 13
-    job_id: str
-    shard: int
-    accused: str
-    evidence: tuple[bytes, ...]
-
-    @classmethod
-    def from_body(cls, body: list[Any]) -> "Accusation":
-        if len(body) != 4:
-            raise _bad("Accusation", "needs 4 fields")
-        return cls(
-            _str(body[0], "job_id", 128, empty=False),
-            _int(body[1], "shard", 0, 1_000_000),
-            _str(body[2], "accused", 128, empty=False),
-            tuple(_bytes(e, "evidence", MAX_MESSAGE_BYTES // 8) for e in _list(body[3], "evidence", 16)),
-        )
+    job_id: Name
+    shard: ShardNo
+    accused: Name
+    evidence: Annotated[tuple[Annotated[bytes, Meta(max_length=MAX_MESSAGE_BYTES // 8)], ...], Meta(max_length=16)]
 
 
 KINDS: dict[int, type[Message]] = {
@@ -703,6 +432,9 @@ KINDS: dict[int, type[Message]] = {
     )
 }
 
+_ENC = msgspec.msgpack.Encoder()
+_DECODERS: dict[int, msgspec.msgpack.Decoder[Any]] = {k: msgspec.msgpack.Decoder(c) for k, c in KINDS.items()}
+
 
 # --------------------------------------------------------------------------
 # envelopes
@@ -718,6 +450,27 @@ class Signed:
     nonce: int
     raw: bytes = field(repr=False)
     extras: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+class _Payload(Struct, array_like=True, forbid_unknown_fields=True):
+    """The signed payload as it arrives: the header fields are checked one
+    by one (each failure has its own reason), the body is decoded by its
+    kind's struct and the extras map with the strict unpack limits."""
+
+    version: Any
+    kind: Any
+    author: Any
+    issued_at: Any
+    nonce: Any
+    body: msgspec.Raw
+    extras: msgspec.Raw
+
+
+_OUTER = msgspec.msgpack.Decoder(tuple[bytes, bytes])
+_PAYLOAD = msgspec.msgpack.Decoder(_Payload)
+_EMPTY_MAP = b"\x80"
+# the first byte of a msgpack array: fixarray, array 16, array 32
+_ARRAY_HEADS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
 
 
 def _unpack(data: bytes, max_bytes: int) -> Any:
@@ -741,6 +494,18 @@ def _unpack(data: bytes, max_bytes: int) -> Any:
         raise RemoteProtocolError("malformed", type(exc).__name__) from None
 
 
+def _check_body(cls: type[Message], body: bytes | msgspec.Raw) -> Message:
+    """Decode and validate one message body of class ``cls``."""
+    try:
+        msg: Message = _DECODERS[cls.KIND].decode(body)
+    except msgspec.ValidationError as exc:
+        raise _bad(cls.__name__, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise RemoteProtocolError("malformed", f"{cls.__name__}: {exc}") from None
+    msg._check()
+    return msg
+
+
 def encode(
     msg: Message,
     identity: Identity | None,
@@ -759,19 +524,16 @@ def encode(
     if identity is None and msg.SIGNED:
         raise LocalProtocolError("unsigned", f"{type(msg).__name__} must be signed")
     author = identity.peer_id if identity is not None else ""
-    body = msg.to_body()
+    body = _ENC.encode(msg)
     if check:
         # refuse to send what a receiver would refuse (h11: validate eagerly)
         try:
-            type(msg).from_body(body)  # to_body gives exactly the wire types
+            _check_body(type(msg), body)
         except RemoteProtocolError as exc:
             raise LocalProtocolError(exc.reason, exc.detail) from None
-    payload = msgpack.packb(
-        [VERSION, msg.KIND, author, float(issued_at), nonce, body, extras or {}],
-        use_bin_type=True,
-    )
+    payload = _ENC.encode([VERSION, msg.KIND, author, float(issued_at), nonce, msgspec.Raw(body), extras or {}])
     sig = identity.sign(payload) if identity is not None else b""
-    return msgpack.packb([sig, payload], use_bin_type=True)
+    return _ENC.encode((sig, payload))
 
 
 class VerifyCache:
@@ -808,14 +570,22 @@ def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: b
         hit = cache.get(data, max_bytes)
         if hit is not None:
             return hit
-    outer = _unpack(data, max_bytes)
-    if type(outer) is not list or len(outer) != 2 or type(outer[0]) is not bytes or type(outer[1]) is not bytes:
-        raise RemoteProtocolError("malformed", "envelope is not [sig, payload]")
-    sig, payload = outer
-    inner = _unpack(payload, max_bytes)
-    if type(inner) is not list or len(inner) != 7:
-        raise RemoteProtocolError("malformed", "payload is not a 7-list")
-    version, kind, author, issued_at, nonce, body, extras = inner
+    if type(data) is not bytes:
+        raise RemoteProtocolError("malformed", "not bytes")
+    if len(data) > max_bytes:
+        raise RemoteProtocolError("oversize", f"{len(data)} > {max_bytes}")
+    try:
+        sig, payload = _OUTER.decode(data)
+    except Exception:  # msgspec's DecodeError or ValidationError
+        raise RemoteProtocolError("malformed", "envelope is not [sig, payload]") from None
+    try:
+        p = _PAYLOAD.decode(payload)
+    except Exception:
+        raise RemoteProtocolError("malformed", "payload is not a 7-list") from None
+    body = p.body
+    raw_extras = bytes(p.extras)
+    extras = {} if raw_extras == _EMPTY_MAP else _unpack(raw_extras, max_bytes)
+    version, kind, author, issued_at, nonce = p.version, p.kind, p.author, p.issued_at, p.nonce
     if version != VERSION or type(version) is not int:
         raise RemoteProtocolError("bad-version", repr(version)[:32])
     cls = KINDS.get(kind) if type(kind) is int else None
@@ -827,7 +597,7 @@ def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: b
         raise RemoteProtocolError("bad-field", "issued_at")
     if type(nonce) is not int or not 0 <= nonce < 2**64:
         raise RemoteProtocolError("bad-field", "nonce")
-    if type(body) is not list or type(extras) is not dict:
+    if len(body) == 0 or memoryview(body)[0] not in _ARRAY_HEADS or type(extras) is not dict:
         raise RemoteProtocolError("malformed", "body/extras")
     if cls.SIGNED:
         if not sig:
@@ -835,7 +605,7 @@ def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: b
         if check_sig:
             verify(author, sig, payload)
     try:
-        msg = cls.from_body(body)
+        msg = _check_body(cls, body)
     except RemoteProtocolError:
         raise
     except Exception as exc:  # a validator bug must still not crash the agent
