@@ -473,11 +473,16 @@ _EMPTY_MAP = b"\x80"
 _ARRAY_HEADS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
 
 
-def _unpack(data: bytes, max_bytes: int) -> Any:
+def _sized(data: bytes, max_bytes: int) -> None:
+    """Refuse anything but bytes of at most ``max_bytes``, before decoding."""
     if type(data) is not bytes:
         raise RemoteProtocolError("malformed", "not bytes")
     if len(data) > max_bytes:
         raise RemoteProtocolError("oversize", f"{len(data)} > {max_bytes}")
+
+
+def _unpack(data: bytes, max_bytes: int) -> Any:
+    _sized(data, max_bytes)
     try:
         return msgpack.unpackb(
             data,
@@ -570,10 +575,7 @@ def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: b
         hit = cache.get(data, max_bytes)
         if hit is not None:
             return hit
-    if type(data) is not bytes:
-        raise RemoteProtocolError("malformed", "not bytes")
-    if len(data) > max_bytes:
-        raise RemoteProtocolError("oversize", f"{len(data)} > {max_bytes}")
+    _sized(data, max_bytes)
     try:
         sig, payload = _OUTER.decode(data)
     except Exception:  # msgspec's DecodeError or ValidationError
