@@ -307,6 +307,30 @@ def test_an_idle_client_pulls_no_views_and_a_submit_pulls_once() -> None:
     assert s.finished[jid].ok
 
 
+def test_a_client_learns_a_large_swarm_in_a_burst_of_pulls_and_then_stops() -> None:
+    # 300 peers whose views hold 64 entries each: one pull of 64 teaches a
+    # client at most 64 peers. An answer that was mostly news is followed by
+    # another pull at once (pull_again_share), so within a second of its
+    # first pull the client knows most of the swarm; the burst ends when the
+    # answers are mostly peers it knows, and pulls go back to one per interval
+    s = MiniSwarm(300, seed=4, peer_config=lambda i: PeerConfig(max_view=64, gossip_interval_s=1.0))
+    s.step_until(s.now + 30)
+    assert max(len(p.view) for p in s.peers.values()) <= 64
+    cfg = dict(pull_entries=64, gossip_interval_s=5.0)
+    burst = s.add_client(0, **cfg)
+    single = s.add_client(1, pull_again_share=0.0, **cfg)
+    t0 = s.now
+    s.step_until(t0 + 6.0)  # the interval's first pull went out at t0 + 5
+    assert single.stats["pulls"] == 1 and single.stats["pulls_again"] == 0
+    assert len(single.view) <= 2 * 65  # the bootstrap's answer and one pull
+    assert burst.stats["pulls_again"] >= 5
+    assert len(burst.view) >= 200, len(burst.view)
+    again = burst.stats["pulls_again"]
+    s.step_until(t0 + 26.0)  # four more intervals: the view is known now
+    assert burst.stats["pulls_again"] <= again + 2
+    assert burst.stats["pulls"] <= 1 + again + 2 + 4
+
+
 def test_batched_renewals_send_one_message_per_peer_and_client() -> None:
     # renew_batch: a peer renews all of a client's shards it holds in one
     # LeaseRenewBatch per round, answered by one LeaseAckBatch; every shard

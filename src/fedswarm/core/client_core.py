@@ -36,7 +36,9 @@ far off states of its age were (``Forecaster.learn_stale``, ``stale_gain``); suc
 look ranks by the view so corrected, fresh states before old ones.
 
 View pulls: every ``gossip_interval_s`` the client asks one peer for
-``pull_entries`` entries of its view. With ``idle_pull=False`` it does so
+``pull_entries`` entries of its view; an answer of which at least
+``pull_again_share`` were peers new to the view is followed by another pull
+at once (a large swarm is learnt in a burst). With ``idle_pull=False`` it does so
 only while some job has a shard open or being auctioned, plus once when a
 job is submitted (unless a pull went out within the interval), so a tenant
 with nothing to place costs the swarm nothing; the rate per client never
@@ -360,6 +362,9 @@ class ClientCore(Node):
                     # (and its region) before any call for bids goes there
                     self._pulled = None
                     self.forecast.sample_rtt(inp.sender, now, now - pulled[1])
+                    known = len(self.view)
+                    out = self._handle_gossip(now, inp.sender, msg)
+                    return out + self._pull_again(now, len(msg.entries), len(self.view) - known)
                 return self._handle_gossip(now, inp.sender, msg)
             if isinstance(msg, PeerState):
                 self._merge_state(now, inp.data, signed)
@@ -491,6 +496,20 @@ class ClientCore(Node):
         self._pulled = (to, now)
         self.stats["pulls"] += 1
         return [self._gossip_to(now, to, reply=True, entries=0, want=self.config.pull_entries)]
+
+    def _pull_again(self, now: float, got: int, new: int) -> list[Effect]:
+        """After the answer to a pull (``got`` entries, ``new`` of them peers
+        the view lacked): another pull at once if enough of it was news
+        (``pull_again_share``), so the view catches up with a large swarm in
+        a burst of pulls, each one justified by the answer to the last."""
+        cfg = self.config
+        want = cfg.pull_entries
+        if not cfg.pull_again_share or not want or new < cfg.pull_again_share * min(want, got):
+            return []
+        if not (cfg.idle_pull or self._placing()):
+            return []
+        self.stats["pulls_again"] += 1
+        return self._pull(now)
 
     def _set_lease(self, sh: _Shard, job_id: str, until: float) -> None:
         sh.lease_until = until
