@@ -139,8 +139,9 @@ def _forecasters(data: st.DataObject) -> tuple[Forecaster, Forecaster, list[View
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_ranking_with_floors_is_the_plain_ranking_with_the_same_side_effects(data: st.DataObject) -> None:
-    # rank and soonest skip the award replay at peers whose floor cannot
-    # win: their answers, and what they leave behind (awards and news dropped
+    # rank visits peers by a lower bound of their key and stops once the
+    # bound loses, and skips the award replay at peers whose floor cannot
+    # win: its answer, and what it leaves behind (awards and news dropped
     # for newer states), must equal those of evaluating every eta
     f, plain, entries, spec, now = _forecasters(data)
     k = data.draw(st.integers(1, len(entries)))
@@ -148,10 +149,28 @@ def test_ranking_with_floors_is_the_plain_ranking_with_the_same_side_effects(dat
     want = heapq.nsmallest(k, plain.view.live(now), key=lambda e: (
         plain.eta(spec, e, now, stale=stale) + 2.0 * plain.transit(e.peer, e), plain.tie(e.peer)))
     assert [e.peer for e in f.rank(spec, entries, k, now, stale=stale)] == [e.peer for e in want]
-    assert f.soonest(spec, entries, now) == min(plain.eta(spec, e, now) for e in plain.view.live(now))
-    assert f.soonest(spec, [], now) == math.inf
     assert f._pending == plain._pending and f._news == plain._news
     for e in entries:  # every floor is below its eta, and exact where it says so
         lo, exact = f.floor(spec, e, now, stale=stale)
         eta = f.eta(spec, e, now, stale=stale)
         assert lo <= eta and (not exact or lo == eta)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_beats_is_a_test_of_the_soonest_eta_with_the_same_side_effects(data: st.DataObject) -> None:
+    # beats stops at the first peer that wins and skips peers whose run
+    # alone loses: its answer and what it leaves behind must equal those of
+    # taking the minimum of every eta
+    f, plain, entries, spec, now = _forecasters(data)
+    soonest = min(plain.eta(spec, e, now) for e in plain.view.live(now))
+    # thresholds at, around and far from the answer
+    cut = data.draw(st.sampled_from([soonest, soonest + 1e-9, soonest - 1e-9, 0.0, math.inf]) | st.floats(0.0, 400.0))
+    strict = data.draw(st.booleans())
+
+    def wins(v: float) -> bool:
+        return v < cut if strict else v <= cut
+
+    assert f.beats(spec, entries, now, wins) == wins(soonest)
+    assert f._pending == plain._pending and f._news == plain._news
+    assert not f.beats(spec, [], now, lambda v: True)

@@ -829,10 +829,13 @@ class ClientCore(Node):
         else:  # the sample the round ranked: a second look must not cost a whole view either
             pool = self._eligible(spec, now, [e for e in map(self.view.get, rnd.ranked)
                                               if e is not None and e.expires_at > now and not e.state.leaving])
-        alt = self.forecast.soonest(spec, [e for e in pool if e.peer not in asked], now)
-        if best > left >= alt:
-            return True
-        return best - alt > max(cfg.rebid_gain * best, cfg.rebid_min_s)
+        margin = max(cfg.rebid_gain * best, cfg.rebid_min_s)
+        late = best > left
+
+        def wins(alt: float) -> bool:  # monotone: a sooner finish wins too
+            return (late and left >= alt) or best - alt > margin
+
+        return self.forecast.beats(spec, [e for e in pool if e.peer not in asked], now, wins)
 
     def _close_round(self, now: float, job: _Job) -> list[Effect]:
         rnd = job.round

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 from .config import ClientConfig
 from .fairness import run_time
@@ -338,41 +338,69 @@ class Forecaster:
         # without the awards, and without a stale class's mean (never below 0)
         return self.eta(spec, e, now, awards=False), False
 
-    def soonest(self, spec: JobSpec, entries: list[ViewEntry], now: float) -> float:
-        """``min(eta(spec, e, now) for e in entries)`` (inf when empty),
-        replaying awards only at the peers whose floor could still win."""
-        best = math.inf
+    def _settle(self, e: ViewEntry) -> None:
+        """``floor``'s side effects on ``e`` without its arithmetic: a state
+        newer than this client's awards there, or than the peer's last bid,
+        drops them. A search that skips a peer whose bound already loses
+        calls this, so what it leaves behind is what a full scan leaves."""
+        self._awarded(e)
+        news = self._news.get(e.peer)
+        if news is not None and e.issued_at > news[0]:
+            del self._news[e.peer]
+
+    def beats(self, spec: JobSpec, entries: list[ViewEntry], now: float, wins: Callable[[float], bool]) -> bool:
+        """``wins(min(eta(spec, e, now) for e in entries))`` (False when
+        empty), for a ``wins`` that is monotone (true of a finish, true of
+        every sooner one), leaving what evaluating every eta leaves: no eta
+        is computed once the answer is known, nor for a peer whose run alone
+        (a lower bound of its eta) already loses, and awards are replayed
+        only at peers whose floor could still win."""
+        found = False
         rest: list[tuple[float, ViewEntry]] = []
         for e in entries:
+            if found or not wins(run_time(spec, e.state.throughput)):
+                self._settle(e)
+                continue
             v, exact = self.floor(spec, e, now)
-            if exact:
-                if v < best:
-                    best = v
-            else:
-                rest.append((v, e))
+            if wins(v):
+                if exact:
+                    found = True
+                else:
+                    rest.append((v, e))
+        if found:
+            return True
         rest.sort(key=lambda x: x[0])
-        for v, e in rest:
-            if v >= best:
-                break
-            v = self.eta(spec, e, now)
-            if v < best:
-                best = v
-        return best
+        return any(wins(self.eta(spec, e, now)) for _, e in rest)
 
     def rank(self, spec: JobSpec, entries: list[ViewEntry], k: int, now: float, *, stale: bool = False
              ) -> list[ViewEntry]:
         """The ``k`` entries that finish soonest with two transits, ties by
         ``tie`` and then by their order in ``entries``: exactly
-        ``heapq.nsmallest(k, entries, key=(eta + 2 * transit, tie))``, with
-        awards replayed only at peers whose floor could still make the k."""
-        exact: list[tuple[float, int, int]] = []
-        later: list[tuple[float, int, int]] = []
+        ``heapq.nsmallest(k, entries, key=(eta + 2 * transit, tie))``. The
+        entries are visited by a lower bound of that key (the run alone, two
+        transits); the search stops once the bound loses to the k-th found,
+        and awards are replayed only at peers whose floor could still make
+        the k. The peers skipped get ``floor``'s side effects (``_settle``)."""
+        bounds: list[tuple[float, int, int, float]] = []
         for i, e in enumerate(entries):
-            v, is_exact = self.floor(spec, e, now, stale=stale)
-            row = (v + 2.0 * self.transit(e.peer, e), self.tie(e.peer), i)
-            (exact if is_exact else later).append(row)
-        exact.sort()
-        top = exact[:k]
+            t2 = 2.0 * self.transit(e.peer, e)
+            bounds.append((run_time(spec, e.state.throughput) + t2, self.tie(e.peer), i, t2))
+        bounds.sort()
+        top: list[tuple[float, int, int]] = []
+        later: list[tuple[float, int, int]] = []
+        for j, (lb, tie, i, t2) in enumerate(bounds):
+            if len(top) >= k and (lb, tie) > top[-1][:2]:
+                for b in bounds[j:]:  # every later bound loses too
+                    self._settle(entries[b[2]])
+                break
+            v, is_exact = self.floor(spec, entries[i], now, stale=stale)
+            row = (v + t2, tie, i)
+            if is_exact:
+                if len(top) < k or row < top[-1]:
+                    bisect.insort(top, row)
+                    del top[k:]
+            else:
+                later.append(row)
         later.sort()
         for lo, tie, i in later:
             if len(top) >= k and (lo, tie) > top[-1][:2]:
