@@ -130,11 +130,15 @@ class Progress:
 
 
 def _done(sim: Any) -> float:
-    """Per mille of the run done: jobs finished of the trace's, or simulated
-    time of the stop time, whichever is further."""
+    """Per mille of the run done: shards delivered of the trace's, jobs
+    finished of its jobs, or simulated time of the stop time, whichever is
+    furthest. (Shards move first: at 10,000 peers a job takes minutes of
+    simulated time, and the share of jobs finished stayed at 0% for the
+    first quarter of the run, its time left estimated at hours.)"""
     jobs = sum(1 for j in sim.jobs.values() if j.finish_t is not None) / max(len(sim.trace), 1)
+    shards = getattr(sim, "shards_delivered", 0) / max(sum(j.shards for j in sim.trace), 1)
     t = sim.now / sim.stop_at if 0 < sim.stop_at < math.inf else 0.0
-    return 1000.0 * min(max(jobs, t), 1.0)
+    return 1000.0 * min(max(jobs, shards, t), 1.0)
 
 
 def run_sim(sim: Any, task: _Task | None, *, slice_wall_s: float = 0.25) -> None:

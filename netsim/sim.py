@@ -424,7 +424,10 @@ class Simulator:
             elif t is ShardDelivered:
                 job = self.jobs.get(e.job_id)
                 if job is not None:
-                    job.delivered[e.shard] = job.delivered.get(e.shard, 0) + 1
+                    n = job.delivered.get(e.shard, 0)
+                    if not n:
+                        self.shards_delivered += 1
+                    job.delivered[e.shard] = n + 1
                     job.delivered_by.setdefault(e.shard, (e.peer, e.attempt))
                     job.energy_j += e.energy_j
                     job.carbon_g += e.carbon_g
@@ -458,6 +461,8 @@ class Simulator:
 
     _submitted = 0
     _finished = 0
+    #: shards of the trace delivered at least once (progress: ``netsim.progress``)
+    shards_delivered = 0
 
     # ------------------------------------------------------------------
     # churn
