@@ -128,7 +128,7 @@ class ClientConfig:
     # followed by another pull at once, to another random peer: a client of a
     # large swarm whose peers' views are partial learns it in a burst of
     # pulls instead of one pull per interval (3,000 peers with views of about
-    # 100: 1,200 known after 60 s, 1,950 with the burst), and the burst ends
+    # 100: 1,200 known after 60 s, 1,930 with the burst), and the burst ends
     # once the answers are mostly peers it knows. 0: one pull per interval
     pull_again_share: float = 0.25
     max_view: int = 1024
