@@ -7,12 +7,15 @@ links, no loss) gossips for ``--warmup`` simulated seconds every
 ``--warmup-interval`` (default ``--interval``) while the views fill, then
 at ``--interval`` for a second more; then one peer's
 state changes (its advertised throughput), and every ``--step`` seconds the
-live peers whose view holds that new state (or a later one) are counted.
-(``--max-view`` caps each view: a
-view that is full takes a new state in place of the one that expires
-soonest.) Printed per size: the time from the change until 50%, 90%, 99% and 99.9% of
-the other peers hold it, and the gossip messages per peer per second it
-cost. The cores are the real ``PeerCore``s: push gossip to ``fanout``
+live peers whose view holds, or has held, that new state (or a later one)
+are counted. (``--max-view`` caps each view: a view that is full takes a
+new peer in place of an entry drawn at random, so a peer may take the
+change in and later drop it for another peer, as in a real swarm larger
+than its views.) Printed per size: the time from the change until 50%, 90%,
+99% and 99.9% of the other peers have seen it, and the gossip messages per
+peer per second it cost. The curve in ``--out`` holds, per step, the time,
+that share, the share of the views holding the changed peer that hold its
+new state, and how many views hold it. The cores are the real ``PeerCore``s: push gossip to ``fanout``
 random view members each interval, ``entries`` states per message, half of
 them the most recently learnt (rumours), half random (anti-entropy).
 
@@ -67,6 +70,7 @@ def measure(peers: int, *, interval: float = 0.2, fanout: int = 3, entries: int 
     sim.run_until(warmup_s)
     for r in sim.live_peers():
         r.core.config = replace(r.core.config, gossip_interval_s=interval)
+        r.core.view.rumour_age_s = 10 * interval  # as PeerCore sets it
     sim.run_until(warmup_s + 1.0)
     live = sim.live_peers()
     ids = {r.id for r in live}
@@ -82,19 +86,27 @@ def measure(peers: int, *, interval: float = 0.2, fanout: int = 3, entries: int 
     core.handle(sim.now, SetThroughput("*", round(core.throughput.get("*", 1.0) * 1.5, 3)))
     others = [r for r in live if r is not src]
     reached: dict[float, float] = {}
-    curve: list[tuple[float, float]] = []
+    curve: list[tuple[float, float, float, int]] = []
+    ever: set[str] = set()  # peers that held the new state at some step
     k = 0
     while len(reached) < len(LEVELS) and k * step_s < horizon_s:
         k += 1
         sim.run_until(t0 + k * step_s)
         alive = [r for r in others if r.alive]
-        seen = 0
+        seen = holders = held = 0
         for r in alive:
-            e = r.core.view.get(src.id)
-            if e is not None and e.state.seq > old_seq:
+            v = r.core.view
+            e = v.get(src.id)
+            if e is not None:
+                holders += 1
+                if e.state.seq > old_seq:
+                    ever.add(r.id)
+                    held += 1
+            if r.id in ever:
                 seen += 1
         frac = seen / max(len(alive), 1)
-        curve.append((round(k * step_s, 3), round(frac, 4)))
+        hfrac = held / max(holders, 1)
+        curve.append((round(k * step_s, 3), round(frac, 4), round(hfrac, 4), holders))
         for lv in LEVELS:
             if lv not in reached and frac >= lv:
                 reached[lv] = round(k * step_s, 3)

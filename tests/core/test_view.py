@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,3 +114,51 @@ def test_capacity_equals_a_scan_of_the_live_entries(ops: list) -> None:
         elif action == "ask-earlier":
             assert v.capacity(now - dt) == scan(now - dt)
         assert v.capacity(now) == scan(now)
+
+
+@settings(max_examples=200)
+@given(steps, st.integers(0, 2**32))
+def test_a_full_view_with_an_rng_drops_the_expired_first_then_a_random_entry_never_its_own(ops: list, seed: int) -> None:
+    v = View("me", max_size=4, rng=random.Random(seed), rumour_age_s=10.0)
+    assert v.merge("me", _state(1, 1e6, False), 0.0, b"", 0.0)
+    now = 0.0
+    for dt, peer, seq, ttl, leaving, expire in ops:
+        now += dt
+        issued = now - dt / 2
+        before = {p: v.get(p) for p in v.peers()}
+        full = len(before) >= 4
+        recent = list(v._recent)
+        news = v.merge(peer, _state(seq, ttl, leaving), issued, b"", now)
+        fresh = issued + ttl > now and (peer not in before or before[peer].state.seq < seq)  # type: ignore[union-attr]
+        assert news == fresh
+        assert "me" in v and len(v) <= 4
+        gone = set(before) - set(v.peers())
+        if news and peer not in before and full:
+            assert len(gone) == 1
+            [victim] = gone
+            assert victim != "me"
+            expired = [p for p, e in before.items() if p != "me" and e.expires_at <= now]  # type: ignore[union-attr]
+            if expired:  # an expired entry goes first
+                assert victim in expired
+            # a newcomer with an old state is churn: not a rumour
+            assert v._recent == (recent + [peer] if now - issued <= 10.0 else recent)
+        else:
+            assert not gone
+            if news:
+                assert v._recent == recent + [peer]
+            else:
+                assert v._recent == recent
+        if expire:
+            v.expire(now)
+
+
+def test_random_eviction_is_seeded() -> None:
+    def run(seed: int) -> list[str]:
+        v = View("me", max_size=8, rng=random.Random(seed))
+        for i in range(100):
+            v.merge(f"p{i:03d}", _state(1, 100.0, False), 0.0, b"", 1.0)
+        return list(v.peers())
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+    assert len(run(1)) == 8

@@ -8,6 +8,7 @@ a counted rejection, so no peer can crash or stall a core with its input.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from typing import Any
@@ -195,11 +196,12 @@ class Node:
         rate_per_s: float = 200.0,
         rate_burst: float = 400.0,
         federations: frozenset[str] = frozenset(),
+        rumour_age_s: float = math.inf,
     ) -> None:
         self.identity = identity
         self.id = identity.peer_id
         self.rng = rng
-        self.view = View(self.id, max_view)
+        self.view = View(self.id, max_view, rng=rng, rumour_age_s=rumour_age_s)
         self.ledger = Ledger(ledger_tau_s)
         self.guard = Guard(max_skew_s)
         self.max_skew_s = max_skew_s

@@ -223,6 +223,9 @@ class PeerCore(Node):
             rate_per_s=config.rate_per_s,
             rate_burst=config.rate_burst,
             federations=config.federations,
+            # a full view's newcomer issued more than 10 push rounds ago is
+            # churn, not news (core.view)
+            rumour_age_s=10 * config.gossip_interval_s,
         )
         self.config = config
         self._cache_own = cache_own_states

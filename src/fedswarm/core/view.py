@@ -10,8 +10,12 @@ Rules
    of every view within one TTL and cannot be kept alive by gossip.
 3. A ``leaving`` state is a tombstone: the peer is not offered work, and the
    tombstone keeps older states of it from resurrecting it until it expires.
-4. The view is bounded (``max_size``): when full, the entry that expires
-   soonest is evicted, never our own.
+4. The view is bounded (``max_size``): when full, a new peer's state takes
+   the place of an entry drawn at random (``rng``), never our own. (Without
+   an ``rng``, of the entry that expires soonest: every view of a swarm
+   larger than ``max_size`` then holds the same newest states, so every
+   push goes to those few peers and news stops spreading; docs/netsim.md,
+   "Gossip convergence".)
 
 Gossip is push anti-entropy with bounded fan-out (see ``Gossiper``): each
 interval a peer sends ``fanout`` peers its own state plus ``entries`` others,
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -62,9 +67,15 @@ def _capacity_of(st: PeerState) -> tuple[int, int, int]:
 class View:
     """Bounded map of peer id -> newest ``ViewEntry``."""
 
-    def __init__(self, self_id: str, max_size: int = 1024, graveyard_s: float = 600.0) -> None:
+    def __init__(self, self_id: str, max_size: int = 1024, graveyard_s: float = 600.0,
+                 rng: random.Random | None = None, rumour_age_s: float = math.inf) -> None:
         self.self_id = self_id
         self.max_size = max_size
+        #: draws the entry a full view drops (None: the soonest to expire)
+        self.rng = rng
+        #: a full view's newcomer is a rumour only if issued within this
+        #: long (see ``merge``)
+        self.rumour_age_s = rumour_age_s
         self.graveyard_s = graveyard_s
         self._entries: dict[str, ViewEntry] = {}
         #: every peer id, sorted: kept in step with ``_entries`` (bisect)
@@ -118,9 +129,15 @@ class View:
             return False
         if issued_at + state.ttl_s <= now:
             return False
+        rumour = True
         if old is None:
-            if len(self._entries) >= self.max_size and not self._evict(now):
-                return False
+            if len(self._entries) >= self.max_size:
+                if not (self._evict(now) if self.rng is None else self._evict_random(self.rng, now)):
+                    return False
+                # a full view turns over all the time: a peer taken in place
+                # of another is a rumour only if its state is new (the churn
+                # of old states would push real news out of the rumour half)
+                rumour = now - issued_at <= self.rumour_age_s
             bisect.insort(self._sorted, peer)
         else:
             self._uncount(old)
@@ -132,9 +149,35 @@ class View:
         heapq.heappush(self._expiry, (issued_at + state.ttl_s, peer))
         self._version += 1
         self.graveyard.pop(peer, None)
-        self._recent.append(peer)
-        if len(self._recent) > 256:
-            del self._recent[:128]
+        if rumour:
+            self._recent.append(peer)
+            if len(self._recent) > 256:
+                del self._recent[:128]
+        return True
+
+    def _evict_random(self, rng: random.Random, now: float) -> bool:
+        """Drop an entry that has expired if there is one, else one drawn at
+        random, never our own: views smaller than the swarm stay spread over
+        it (and a flood of new ids cannot choose whom it pushes out)."""
+        heap = self._expiry
+        while heap:
+            when, p = heap[0]
+            e = self._entries.get(p)
+            if e is None or e.expires_at != when:
+                heapq.heappop(heap)  # stale: replaced or gone
+                continue
+            if when <= now and p != self.self_id:
+                return self._evict(now)
+            break
+        srt = self._sorted
+        n = len(srt)
+        if n == 0 or (n == 1 and srt[0] == self.self_id):
+            return False
+        i = rng.randrange(n)
+        if srt[i] == self.self_id:
+            i = (i + 1) % n
+        self._drop(srt[i])
+        self._version += 1
         return True
 
     def _evict(self, now: float) -> bool:
