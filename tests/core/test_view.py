@@ -162,3 +162,43 @@ def test_random_eviction_is_seeded() -> None:
     assert run(1) == run(1)
     assert run(1) != run(2)
     assert len(run(1)) == 8
+
+
+class _NoCompact(View):
+    def _compact(self) -> None:
+        pass
+
+
+long_steps = st.lists(
+    st.tuples(st.floats(0, 5), st.sampled_from("abcdefghij"), st.integers(0, 400), st.floats(1, 120), st.booleans(),
+              st.sampled_from(["merge", "merge", "merge", "expire", "capacity"])),
+    min_size=100, max_size=250,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(long_steps, st.booleans())
+def test_compacting_the_heaps_changes_nothing_a_caller_sees(ops: list, with_rng: bool) -> None:
+    views = [cls("me", max_size=6, rng=random.Random(3) if with_rng else None) for cls in (View, _NoCompact)]
+    now = 0.0
+    for dt, peer, seq, ttl, leaving, action in ops:
+        now += dt
+        if action == "merge":
+            outs = [v.merge(peer, _state_cap(seq, ttl, leaving, 2, (0.0, 3.0)), now - dt / 2, b"", now) for v in views]
+        elif action == "expire":
+            outs = [v.expire(now) for v in views]
+        else:
+            outs = [v.capacity(now) for v in views]
+        assert outs[0] == outs[1]
+        assert views[0].peers() == views[1].peers()
+        assert [e.peer for e in views[0].live(now)] == [e.peer for e in views[1].live(now)]
+    assert len(views[0]._expiry) <= 4 * len(views[0]) + 65  # bounded
+
+
+def test_a_view_that_turns_over_keeps_its_heaps_bounded() -> None:
+    v = View("me", max_size=8, rng=random.Random(1))
+    for i in range(2000):
+        assert v.merge(f"p{i % 50:02d}", _state_cap(i, 600.0, False, 1, (0.0,)), 0.0, b"", 1.0)
+    assert len(v) == 8
+    assert len(v._expiry) <= 4 * 8 + 65 and len(v._cap_heap) <= 4 * 8 + 65
+    assert v.capacity(1.0) == (8, 8, 0)

@@ -147,6 +147,8 @@ class View:
         if self._nl is not None:
             self._nl_put(old, e)
         heapq.heappush(self._expiry, (issued_at + state.ttl_s, peer))
+        if len(self._expiry) > 4 * len(self._entries) + 64:
+            self._compact()
         self._version += 1
         self.graveyard.pop(peer, None)
         if rumour:
@@ -154,6 +156,20 @@ class View:
             if len(self._recent) > 256:
                 del self._recent[:128]
         return True
+
+    def _compact(self) -> None:
+        """Drop the heaps' stale items (replaced or dropped entries), which
+        otherwise stay until their expiry: a full view that turns over
+        many times per TTL held most of a large simulation's memory in
+        them. The live items keep their keys, so the order in which they
+        come out, and so every result, is unchanged."""
+        entries = self._entries
+        self._expiry = list(
+            dict.fromkeys((w, p) for w, p in self._expiry if (e := entries.get(p)) is not None and e.expires_at == w)
+        )
+        heapq.heapify(self._expiry)
+        self._cap_heap = [item for item in self._cap_heap if item[2].counted]
+        heapq.heapify(self._cap_heap)
 
     def _evict_random(self, rng: random.Random, now: float) -> bool:
         """Drop an entry that has expired if there is one, else one drawn at
@@ -310,6 +326,8 @@ class View:
         e.counted = True
         self._cap_seq += 1
         heapq.heappush(self._cap_heap, (e.expires_at, self._cap_seq, e))
+        if len(self._cap_heap) > 4 * len(self._entries) + 64:
+            self._compact()
 
     def _uncount(self, e: ViewEntry) -> None:
         if e.counted:
