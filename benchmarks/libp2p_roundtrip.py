@@ -10,6 +10,10 @@ Stacks (every libp2p one authenticates and encrypts; 4-byte length frames):
 * ``fedswarm``: ``Libp2pTransport.request`` as the LLM protocol uses it
   (TCP + Noise + yamux, fedswarm's yamux tuning, a pooled stream per
   (peer, protocol), per-request deadline and counters).
+* ``fedswarm-lane``: ``Libp2pTransport.request`` on a protocol that direct
+  lanes carry (``fedswarm.net.lane``: the LLM's protocols by default): after a
+  hello over libp2p, the requests travel on one TCP connection sealed with
+  ChaCha20-Poly1305; the timed calls all go that way.
 * ``fedswarm-libcredit``: the same with py-libp2p's own yamux credit release
   (``Libp2pConfig(yamux_credit_bytes=None)``: a window update after nearly
   every read) instead of fedswarm's (credit once 64 KiB were read).
@@ -46,7 +50,7 @@ from transport import _Reader  # benchmarks/transport.py: the same 4-byte frames
 
 HDR = struct.Struct(">I")
 PROTO = "/fedswarm/bench/rt/1"
-STACKS = ("raw", "fedswarm", "fedswarm-libcredit", "yamux", "yamux-newstream", "mplex", "quic")
+STACKS = ("raw", "fedswarm", "fedswarm-lane", "fedswarm-libcredit", "yamux", "yamux-newstream", "mplex", "quic")
 CPU = b"?cpu"  # asks the server for its CPU seconds so far
 
 
@@ -127,9 +131,14 @@ def _host(stack: str):  # noqa: ANN202
 
 
 def _config(stack: str):  # noqa: ANN202
+    from fedswarm.net.lane import LaneConfig
     from fedswarm.net.libp2p import Libp2pConfig
 
-    return Libp2pConfig(yamux_credit_bytes=None) if stack == "fedswarm-libcredit" else Libp2pConfig()
+    if stack == "fedswarm-libcredit":
+        return Libp2pConfig(yamux_credit_bytes=None)
+    if stack == "fedswarm-lane":
+        return Libp2pConfig(lane_config=LaneConfig(protocols=(PROTO,)))
+    return Libp2pConfig()
 
 
 async def _p2p_server(stack: str) -> None:
@@ -177,7 +186,17 @@ async def _p2p_client(stack: str, addr: str, calls: int, payload: bytes) -> dict
             async def call(data: bytes) -> bytes:
                 return await t.request(server, PROTO, data, timeout=10)
 
+            if stack == "fedswarm-lane":
+                await call(payload)  # over libp2p; the lane opens beside it
+                import trio
+
+                with trio.fail_after(10):
+                    while not t.lanes_live():
+                        await trio.sleep(0.01)
+            before = t.statistics().lane_requests_out
             res = await _timed(call, calls, payload)
+            lane_calls = t.statistics().lane_requests_out - before
+            assert lane_calls == (calls + 102 if stack == "fedswarm-lane" else 0), lane_calls
             assert t.statistics().request_streams_opened == 1
             return res
     host, listen = _host(stack)

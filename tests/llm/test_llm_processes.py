@@ -87,10 +87,13 @@ def test_kill_chain_peer_process_mid_generation(tmp_path, tiny_dir):
                         killed.append(victim)
 
                 res = await llm.generate(prompt, n_new, on_token=on_token)
-                return res, killed
+                return res, killed, client.agent.transport.statistics()
 
-        res, killed = trio.run(main)
+        res, killed, st = trio.run(main)
         assert res.token_ids == ref
+        # the steps travelled on direct lanes (fedswarm.net.lane), and the
+        # killed peer's lane broke without costing a token
+        assert st.lanes_opened >= 2 and st.lane_requests_out >= n_new, st
         assert len(res.recoveries) == 1 and res.recoveries[0]["failed"] == killed[0]
         assert res.recoveries[0]["recovered_s"] < 2.0, res.recoveries
         assert res.route[1]["peer"] not in killed

@@ -113,5 +113,9 @@ def test_auto_peers_cover_and_recover_after_kills(tmp_path, gqa_dir):
         after = changes(alive)
         assert all(after[p.peer_id] - before[p.peer_id] <= 2 for p in alive), (before, after)
         assert sum(after[p.peer_id] - before[p.peer_id] for p in alive) >= 1  # the gap was closed by a move
+        # the steps reached the serving peers on direct lanes (/status "transport")
+        lanes = {p.peer_id: p.status()["transport"] for p in alive}
+        assert all(t["lane_port"] > 0 for t in lanes.values()), lanes
+        assert sum(t["lane_requests_in"] for t in lanes.values()) >= n_new, lanes
     finally:
         swarm.close()

@@ -21,6 +21,8 @@ It is read-only: no route changes the daemon.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import time
@@ -181,7 +183,19 @@ def status_json(agent: Agent, *, llm: Any = None, telemetry: Telemetry | None = 
         "messages": {"in": agent.stats.msgs_in, "out": agent.stats.msgs_out, "send_failures": agent.stats.send_failures},
         "stats": dict(sorted(core.stats.items())),
         "rejected": dict(sorted(core.rejected.items())),
+        "transport": _transport_stats(agent.transport),
     }
+
+
+def _transport_stats(transport: Any) -> dict[str, Any]:
+    """The transport's counters (libp2p: frames, requests, direct lanes)."""
+    stats = getattr(transport, "statistics", None)
+    st = stats() if stats is not None else None
+    out: dict[str, Any] = dataclasses.asdict(st) if dataclasses.is_dataclass(st) and not isinstance(st, type) else {}
+    if hasattr(transport, "lanes_live"):
+        out["lanes_live"] = transport.lanes_live()
+        out["lane_port"] = transport.lane_port
+    return out
 
 
 # ----------------------------------------------------------------- app

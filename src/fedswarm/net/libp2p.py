@@ -115,9 +115,12 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as _YAMUX_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
+import msgpack
+
 from ..core.identity import Identity
 from ..errors import LocalProtocolError, PeerUnreachable, TransportTimeout
 from .addrs import advertised_addrs, check_tcp_free, parse_listen_maddr
+from .lane import LANE_PROTOCOL, LaneConfig, LaneDown, Lanes
 from ..runtime.ports import Incoming, RequestHandler
 
 __all__ = [
@@ -186,6 +189,12 @@ class Libp2pConfig:
     yamux_credit_bytes: int | None = 64 * 1024
     #: run a Kademlia DHT (server mode) to find addresses of unknown peers
     dht: bool = True
+    #: direct lanes (``fedswarm.net.lane``): the requests of ``lane.protocols``
+    #: (the LLM's hidden states) on a sealed TCP connection keyed over libp2p,
+    #: listening on the libp2p listen host at ``lane_port`` (0: any free port)
+    lane: bool = True
+    lane_port: int = 0
+    lane_config: LaneConfig = LaneConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +220,13 @@ class Libp2pStatistics:
     dht_found: int = 0
     pubsub_in: int = 0
     pubsub_out: int = 0
+    lanes_opened: int = 0
+    lanes_accepted: int = 0
+    lane_requests_out: int = 0
+    lane_requests_in: int = 0
+    lane_refused: int = 0
+    lane_failures: int = 0
+    lane_open_failures: int = 0
 
 
 #: the mutable twin of ``Libp2pStatistics`` (same fields), updated in place
@@ -461,6 +477,7 @@ class Libp2pTransport:
         self._closed = False
         self._my_id_bytes = host.get_id().to_bytes()
         host.set_stream_handler(TProtocol(MSG_PROTOCOL), self._serve_direct)
+        self._lanes: Lanes | None = None
         if dht is not None:
             host.get_network().register_notifee(_DhtNotifee(self))
             for pid in host.get_connected_peers():
@@ -664,6 +681,10 @@ class Libp2pTransport:
         self._check_open()
         self._check_size(data)
         self._c.requests_out += 1
+        if self._lanes is not None and self._lanes.carries(protocol):
+            resp = await self._lane_request(peer_id, protocol, data, timeout)
+            if resp is not None:
+                return resp
         key = (peer_id, protocol)
         fs: _FramedStream | None = None
         try:
@@ -701,10 +722,7 @@ class Libp2pTransport:
                     else:
                         self._nursery.start_soon(fs.reset)
                     fs = None
-                    self._c.frames_out += 1
-                    self._c.bytes_out += len(data)
-                    self._c.frames_in += 1
-                    self._c.bytes_in += len(resp)
+                    self._count_round_trip(data, resp)
                     return resp
                 raise AssertionError("unreachable")
         except trio.TooSlowError:
@@ -716,6 +734,38 @@ class Libp2pTransport:
         except PeerUnreachable:
             self._c.request_failures += 1
             raise
+
+    def _count_round_trip(self, data: bytes, resp: bytes) -> None:
+        self._c.frames_out += 1
+        self._c.bytes_out += len(data)
+        self._c.frames_in += 1
+        self._c.bytes_in += len(resp)
+
+    async def _lane_request(self, peer_id: str, protocol: str, data: bytes, timeout: float) -> bytes | None:
+        """The request on our lane to ``peer_id``; None when there is none
+        (one is opening now) or it broke before the request left."""
+        assert self._lanes is not None
+        lane = self._lanes.get(peer_id)
+        if lane is None:
+            return None
+        try:
+            with trio.fail_after(timeout):
+                resp = await lane.request(protocol, data)
+        except trio.TooSlowError:
+            self._c.request_timeouts += 1
+            raise TransportTimeout(f"request {protocol} to {peer_id[:16]} timed out") from None
+        except LaneDown as exc:
+            if not exc.sent:
+                return None
+            self._c.request_failures += 1
+            raise PeerUnreachable(f"request {protocol} to {peer_id[:16]} failed: "
+                                  f"the lane broke ({exc})") from None
+        except PeerUnreachable:
+            self._c.request_failures += 1
+            raise
+        self._c.lane_requests_out += 1
+        self._count_round_trip(data, resp)
+        return resp
 
     async def _serve_requests(self, protocol: str, stream) -> None:  # noqa: ANN001
         sender = stream.muxed_conn.peer_id.to_base58()
@@ -744,6 +794,37 @@ class Libp2pTransport:
         except Exception as exc:
             log.debug("request stream %s from %s ended: %r", protocol, sender, exc)
             await fs.reset()
+
+    # -- lanes ------------------------------------------------------------------
+    async def _start_lanes(self, host_ip: str) -> None:
+        """Listen for lanes on the libp2p listen host and answer hellos."""
+        lanes = Lanes(self.config.lane_config, self._handlers, self._nursery, self._c, self._lane_hello)
+        await lanes.listen(host_ip, self.config.lane_port)
+        self._lanes = lanes
+        self.set_request_handler(LANE_PROTOCOL, lanes.on_hello)
+
+    async def _lane_hello(self, peer_id: str) -> tuple[str, bytes]:
+        """Ask ``peer_id`` for a lane over libp2p: (the IP our connection
+        reached, its offer)."""
+        fs = await self._open(peer_id, LANE_PROTOCOL)
+        try:
+            await fs.write_frame(msgpack.packb({"v": 1}))
+            raw = await fs.read_frame(4096)
+            addr = fs.stream.get_remote_address()
+        finally:
+            await fs.reset()
+        if raw is None or not addr:
+            raise PeerUnreachable(f"no lane offer from {peer_id[:16]}")
+        return str(addr[0]), raw
+
+    @property
+    def lane_port(self) -> int:
+        """The TCP port of our lane listener (0: lanes are off)."""
+        return 0 if self._lanes is None else self._lanes.port
+
+    def lanes_live(self) -> int:
+        """Lanes held now (both directions)."""
+        return 0 if self._lanes is None else self._lanes.live()
 
     async def _open(self, peer_id: str, protocol: str) -> _FramedStream:
         pid = _to_id(peer_id)
@@ -828,6 +909,8 @@ class Libp2pTransport:
         if self._closed:
             return
         self._closed = True
+        if self._lanes is not None:
+            self._lanes.close()
         self._nursery.cancel_scope.cancel()
         self._in_send.close()
         with trio.CancelScope(shield=True):
@@ -902,6 +985,8 @@ async def open_libp2p_transport(
                 svc: trio.Nursery = await outer.start(_service_nursery)
                 transport = Libp2pTransport(identity, host, pubsub, gossipsub, config, svc, dht)
                 try:
+                    if config.lane:
+                        await transport._start_lanes(host_ip)
                     if bootstrap:
                         async with trio.open_nursery() as dials:
                             for addr in bootstrap:
