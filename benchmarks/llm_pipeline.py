@@ -105,8 +105,9 @@ def local_run(d: Path, prompt: list[int], n_new: int, repeats: int) -> dict[str,
 
 # ----------------------------------------------------------------- swarm
 
-def start_swarm(workdir: Path, d: Path, blocks: list[str]) -> LocalSwarm:
-    sw = LocalSwarm(len(blocks), workdir, torch_threads=1)
+def start_swarm(workdir: Path, d: Path, blocks: list[str], lane: bool = True) -> LocalSwarm:
+    """Peers serving ``blocks`` (one span each); ``lane=False``: ``peer start --no-lane``."""
+    sw = LocalSwarm(len(blocks), workdir, torch_threads=1, extra_args=[] if lane else ["--no-lane"])
     first = sw.start_peer(0, extra=["--serve-model", str(d), "--blocks", blocks[0]])
     sw.peers.append(first)
     rest = [sw.spawn_peer(i, bootstrap=[first.addr], extra=["--serve-model", str(d), "--blocks", b])
@@ -117,16 +118,19 @@ def start_swarm(workdir: Path, d: Path, blocks: list[str]) -> LocalSwarm:
     return sw
 
 
-async def swarm_client(sw: LocalSwarm, d: Path, head: Any, mhash: str, body: Any) -> Any:
+async def swarm_client(sw: LocalSwarm, d: Path, head: Any, mhash: str, body: Any, lane: bool = True) -> Any:
     """``body(llm, connect_s, plain)``: ``llm`` forwards decode steps server
-    to server (the default), ``plain`` (same client) drives every hop."""
+    to server (the default), ``plain`` (same client) drives every hop;
+    ``lane=False``: a client transport without direct lanes."""
     from fedswarm.client import open_swarm_client
     from fedswarm.core.identity import Identity
     from fedswarm.llm_client import SwarmLLM
+    from fedswarm.net.libp2p import Libp2pConfig
 
     t0 = time.perf_counter()
     identity = Identity.generate()
-    async with open_swarm_client([sw.bootstrap], identity=identity) as client:
+    async with open_swarm_client([sw.bootstrap], identity=identity,
+                                 transport_config=Libp2pConfig(lane=lane)) as client:
         def make(forward: bool) -> Any:
             return SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()), head, mhash,
                             request_timeout=10.0, route_timeout=30.0, identity=identity, forward=forward)
@@ -198,6 +202,61 @@ def bench_chain(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
         return res
     finally:
         sw.close()
+
+
+def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], prompt: list[int], n_new: int,
+                repeats: int) -> dict[str, Any]:
+    """The same chain twice at once: peers and client with direct lanes
+    (``fedswarm.net.lane``) and with every request on py-libp2p
+    (``--no-lane``). Generations take turns between the four setups (lanes
+    or not, forwarding or not) after a warm-up of each, so a load spike hits
+    all of them alike. Medians of decode tok/s; tokens checked."""
+    swarms = {lane: start_swarm(tmp / f"lanes{len(blocks)}-{int(lane)}", d, blocks, lane) for lane in (False, True)}
+    try:
+        async def main() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            llms: dict[bool, Any] = {}
+            transports: dict[bool, Any] = {}
+
+            async def hold(lane: bool, ready: trio.Event, done: trio.Event) -> None:
+                async def body(llm: Any, connect: float, plain: Any) -> None:
+                    llms[lane] = (llm, plain)
+                    transports[lane] = llm.transport
+                    ready.set()
+                    await done.wait()
+
+                await swarm_client(swarms[lane], d, head, mhash, body, lane=lane)
+
+            done = trio.Event()
+            async with trio.open_nursery() as n:
+                ready = {lane: trio.Event() for lane in (False, True)}
+                for lane in (False, True):
+                    n.start_soon(hold, lane, ready[lane], done)
+                for ev in ready.values():
+                    await ev.wait()
+                setups = [(lane, fw) for fw in (True, False) for lane in (False, True)]
+                runs: dict[tuple[bool, bool], list[Any]] = {s: [] for s in setups}
+                for _ in range(repeats + 1):
+                    for lane, fw in setups:
+                        llm, plain = llms[lane]
+                        runs[(lane, fw)].append(await (llm if fw else plain).generate(prompt, n_new))
+                ref = runs[setups[0]][1].token_ids
+                for (lane, fw), rs in runs.items():
+                    rs = rs[1:]
+                    out[f"{'lanes' if lane else 'libp2p'}-{'forward' if fw else 'client'}"] = {
+                        "tok_s": statistics.median(r.decode_tokens_per_s for r in rs),
+                        "same_tokens": all(r.token_ids == ref for r in rs)}
+                st = transports[True].statistics()
+                out["lane_requests_out"] = st.lane_requests_out
+                out["requests_out"] = st.requests_out
+                out["tokens"] = ref
+                done.set()
+            return out
+
+        return trio.run(main)
+    finally:
+        for sw in swarms.values():
+            sw.close()
 
 
 QUESTION = "What is the capital of France? Answer in one sentence."
@@ -319,6 +378,8 @@ def main() -> int:
     ap.add_argument("--peers", default="1,2,3", help="chain lengths to run")
     ap.add_argument("--no-recovery", action="store_true")
     ap.add_argument("--no-startup", action="store_true", help="skip the fresh-process start-up timings")
+    ap.add_argument("--lanes", default="1,2,3", metavar="N,..",
+                    help="chain lengths to run with direct lanes and without them side by side ('' : none)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -356,6 +417,10 @@ def main() -> int:
             rows[str(n)] = bench_chain(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats,
                                        a.concurrent if last_chain else 0, extra if last_chain else None)
             print(f"  {n} peer(s) done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
+        lanes: dict[str, Any] = {}
+        for n in [int(x) for x in a.lanes.split(",") if x and int(x) <= layers]:
+            lanes[str(n)] = bench_lanes(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats)
+            print(f"  lanes against libp2p, {n} peer(s) done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
         rec = None if a.no_recovery else bench_recovery(tmp, d, head, mhash, layers, prompt, a.new)
     elapsed = time.perf_counter() - t_start
 
@@ -381,6 +446,20 @@ def main() -> int:
         print(f"  {n} peer(s): forwarded steps {fs['complete']} complete, {fs['fallbacks']} fell back, "
               f"{fs['refused']} refused; forwarding saves "
               f"{r['noforward']['added_ms_per_hop'] - r['added_ms_per_hop']:.2f} ms per hop")
+    if lanes:
+        print(f"\ndirect lanes against py-libp2p, side by side (two swarms at once, generations taking turns; "
+              f"decode tok/s, x local, +ms/hop; local {local['tok_s']:.1f} tok/s)")
+        print(f"{'chain':<9} {'libp2p, forwarding':>24} {'lanes, forwarding':>24} {'libp2p, client hops':>24} "
+              f"{'lanes, client hops':>24}  tokens  lane requests")
+        for n, r in lanes.items():
+            cells = []
+            for k in ("libp2p-forward", "lanes-forward", "libp2p-client", "lanes-client"):
+                t = r[k]["tok_s"]
+                r[k]["added_ms_per_hop"] = hop = (1.0 / t - lt) / int(n) * 1e3
+                cells.append(f"{t:>8.1f} {t / local['tok_s']:>6.3f} {hop:>+7.2f}")
+            same = all(r[k]["same_tokens"] for k in r if isinstance(r[k], dict)) and r["tokens"] == local["tokens"]
+            print(f"{n + ' peer' + ('s' if n != '1' else ''):<9} " + " ".join(f"{c:>24}" for c in cells)
+                  + f"  {'same' if same else 'DIFFERENT':<7} {r['lane_requests_out']}/{r['requests_out']}")
     print()
     targets = []
     last = str(chains[-1]) if chains else None
@@ -424,6 +503,12 @@ def main() -> int:
         ]
     if "2" in rows:
         targets.append(("decode tok/s >= 0.9x local (2 peers, forwarding)", rows["2"]["tok_s"] >= 0.9 * local["tok_s"]))
+    for n, r in lanes.items():
+        targets.append((f"added latency <= 1 ms per hop, lanes and forwarding ({n} peers, side by side)",
+                        r["lanes-forward"]["added_ms_per_hop"] <= 1.0))
+    if "2" in lanes:
+        targets.append(("decode tok/s >= 0.9x local (2 peers, lanes and forwarding, side by side)",
+                        lanes["2"]["lanes-forward"]["tok_s"] >= 0.9 * local["tok_s"]))
     if rec is not None:
         print(f"kill of the chain's 2nd peer after 8 tokens (forwarding on): {rec['recoveries']} recovery in "
               f"{rec['recovered_s']}s (normal step {rec['normal_step_s'] * 1e3:.1f} ms, slowest "
@@ -436,7 +521,7 @@ def main() -> int:
     print(f"\n(benchmark ran {elapsed:.0f}s on {os.cpu_count()} CPUs; 1-min load average {load0:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end: other processes compete for the same cores)")
     if a.json:
-        Path(a.json).write_text(json.dumps({"model": a.model, "local": local, "swarm": rows, "recovery": rec,
+        Path(a.json).write_text(json.dumps({"model": a.model, "local": local, "swarm": rows, "lanes": lanes, "recovery": rec,
                                             "api": api_res, "startup": startup, "targets": dict(targets)},
                                            indent=1, default=str))
     return 0

@@ -5,7 +5,7 @@ the CPU of the client (this process) and of each ``peer start`` process
 (``stats.compute_s``), and the wall time, next to the same model run in
 this process. Forwarding on and off alternate in one swarm.
 
-    .venv/bin/python benchmarks/llm_step_cpu.py [MODEL] [PEERS] [NEW_TOKENS]
+    .venv/bin/python benchmarks/llm_step_cpu.py [MODEL] [PEERS] [NEW_TOKENS] [--no-lane]
 
 Defaults: smollm2-135m-instruct, 2 peers, 64 new tokens; one torch thread
 per process, greedy, a 42-token prompt.
@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("model", nargs="?", default="smollm2-135m-instruct", help="model name, directory or .gguf")
     ap.add_argument("peers", nargs="?", type=_positive, default=2, help="serving peers in the chain")
     ap.add_argument("new_tokens", nargs="?", type=_positive, default=64, help="tokens to decode per run")
+    ap.add_argument("--no-lane", action="store_true",
+                    help="peers and client without direct lanes: every request over py-libp2p")
     a = ap.parse_args()
     model, peers, n_new = a.model, a.peers, a.new_tokens
     torch.set_num_threads(1)
@@ -59,7 +61,7 @@ def main() -> int:
     prompt = list(range(100, 142))
     loc = lp.local_run(d, prompt, n_new, 3)
     print(f"local: {loc['tok_s']:.2f} tok/s, {1e3 / loc['tok_s']:.2f} ms per token")
-    sw = lp.start_swarm(tmp / "sw", d, lp.splits(head.config.num_hidden_layers, peers))
+    sw = lp.start_swarm(tmp / "sw", d, lp.splits(head.config.num_hidden_layers, peers), lane=not a.no_lane)
 
     def cpu() -> list[float]:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -81,7 +83,7 @@ def main() -> int:
                   + " | " + " ".join(f"{x:6.2f}" for x in fwd) + f" | {wall / n_new * 1e3:6.2f}")
 
     try:
-        trio.run(lp.swarm_client, sw, d, head, model_hash(d), body)
+        trio.run(lp.swarm_client, sw, d, head, model_hash(d), body, not a.no_lane)
     finally:
         sw.close()
     return 0

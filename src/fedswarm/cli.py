@@ -219,6 +219,11 @@ def _add_start(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap", action="append", default=[], type=_wrap_input(_bootstrap_addr), metavar="MADDR",
                    help="multiaddr (with /p2p/) of a peer to join through; retried with backoff until it "
                         "answers (repeatable; default: none, start a new swarm)")
+    p.add_argument("--lane-port", type=_port, default=0, metavar="PORT",
+                   help="TCP port, on the --listen host, of the direct lanes that carry LLM hidden states "
+                        "between peers (sealed, keyed over libp2p; docs/llm.md; default 0: any free port)")
+    p.add_argument("--no-lane", action="store_true",
+                   help="offer and use no direct lanes: every request goes over libp2p")
     p.add_argument("--bootstrap-retry-max", type=_float_at_least(0.0, open_=True), default=30.0, metavar="SECONDS",
                    help="longest wait between two tries of an unreachable bootstrap peer (the wait starts at 1 s "
                         "and doubles)")
@@ -283,6 +288,8 @@ def _cmd_start(a: argparse.Namespace) -> int:
         engine=a.engine,
         ray_address=a.ray_address,
         ray_reserve=a.ray_reserve,
+        lane=not a.no_lane,
+        lane_port=a.lane_port,
     )
     return trio.run(serve_peer, opts)
 

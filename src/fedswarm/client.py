@@ -241,12 +241,15 @@ async def open_swarm_client(
     config: ClientConfig | None = None,
     min_peers: int = 1,
     connect_timeout: float = 10.0,
+    transport_config: Any = None,
 ) -> AsyncIterator[Client]:
-    """Connect to a real swarm over py-libp2p through bootstrap multiaddrs."""
-    from .net.libp2p import open_libp2p_transport
+    """Connect to a real swarm over py-libp2p through bootstrap multiaddrs
+    (``transport_config``: a ``Libp2pConfig``, default settings if None)."""
+    from .net.libp2p import Libp2pConfig, open_libp2p_transport
 
     identity = identity or Identity.generate()
-    async with open_libp2p_transport(identity, listen, bootstrap=tuple(bootstrap)) as transport:
+    tconfig = transport_config if transport_config is not None else Libp2pConfig()
+    async with open_libp2p_transport(identity, listen, bootstrap=tuple(bootstrap), config=tconfig) as transport:
         ids: list[str] = []
         for addr in bootstrap:
             try:

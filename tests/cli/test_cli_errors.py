@@ -26,6 +26,7 @@ CASES = [
     # the examples of issue 20
     ("grace-negative", "start --grace -5", 2, r"--grace: -5 is out of range", []),
     ("metrics-port-range", "start --metrics-port 99999", 2, r"--metrics-port: 99999 is out of range", []),
+    ("lane-port-range", "start --lane-port 70000", 2, r"--lane-port: 70000 is out of range", []),
     ("bootstrap-not-multiaddr", "start --bootstrap not-a-multiaddr", 2, r"not a multiaddr", []),
     ("bootstrap-no-p2p", "start --bootstrap /ip4/127.0.0.1/tcp/4001", 2, r"has no /p2p/PEER_ID", []),
     ("submit-out-missing-dir", f"submit --bootstrap /ip4/127.0.0.1/tcp/1/p2p/{DEAD_ID} --kind tensor-map --shards 2 "

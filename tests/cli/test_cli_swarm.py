@@ -82,6 +82,9 @@ def test_ports_in_use_are_refused(swarm: LocalSwarm, tmp_path: Path) -> None:
     mport = first.metrics_url.rsplit(":", 1)[1]
     p = run(PEER + ["start", "--profile", CPU, "--data-dir", str(tmp_path / "b"), "--metrics-port", mport])
     error_line(p, 2, rf"--metrics-port {mport} on 127.0.0.1 is already in use")
+    lport = first.status()["transport"]["lane_port"]
+    p = run(PEER + ["start", "--profile", CPU, "--data-dir", str(tmp_path / "c"), "--lane-port", str(lport)])
+    error_line(p, 2, rf"--lane-port {lport} on 127.0.0.1 is already in use")
     assert first.status()["peer"] == first.peer_id  # the first one is untouched
 
 

@@ -251,3 +251,22 @@ def test_tickets_are_bounded() -> None:
             assert b._lanes is not None and len(b._lanes._tickets) == 4
 
     trio.run(main)
+
+
+def test_connections_without_a_ticket_count_against_the_lane_bound() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a, b = await _pair(stack, Libp2pConfig(lane_config=LaneConfig(max_lanes=2)))
+            b.set_request_handler(LLM, _tagged([]))
+            idle = [await _raw(b.lane_port) for _ in range(2)]  # connected, silent
+            await _until(lambda: b._lanes is not None and b._lanes._pending == 2)
+            s = await _raw(b.lane_port)
+            assert await _closed(s)  # refused at once: the bound is full
+            assert b.statistics().lane_refused == 1
+            for c in idle:
+                await c.aclose()
+            await _until(lambda: b._lanes is not None and b._lanes._pending == 0)
+            await _lane_up(a, b)  # room again
+            assert await a.request(b.peer_id, LLM, b"ok", timeout=10) == b"re:ok"
+
+    trio.run(main)

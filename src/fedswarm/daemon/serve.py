@@ -79,6 +79,9 @@ class PeerOptions:
     ray_address: str = "auto"
     #: Ray capacity kept from the swarm: N slots, or RES=N,... (see ray_engine.parse_reserve)
     ray_reserve: str | None = None
+    #: direct lanes for the LLM's requests (fedswarm.net.lane), on this TCP port (0: any free one)
+    lane: bool = True
+    lane_port: int = 0
 
 
 def default_data_dir() -> Path:
@@ -328,6 +331,10 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
         check_tcp_free(listen_host, listen_port, "listen port")
         if opts.metrics_port:
             check_tcp_free(opts.http_host, opts.metrics_port, "--metrics-port")
+        if opts.lane and opts.lane_port:
+            if opts.lane_port == listen_port:
+                raise InputError(f"--lane-port {opts.lane_port} is the --listen port", "give another port, or 0")
+            check_tcp_free(listen_host, opts.lane_port, "--lane-port")
         profile, where = resolve_profile(opts, data_dir)
         ray_cluster = None
         if opts.engine == "ray":  # connect to and check the cluster before the network starts
@@ -345,7 +352,7 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                  ray_cluster: Any = None) -> int:
     from dataclasses import replace
 
-    from ..net.libp2p import open_libp2p_transport
+    from ..net.libp2p import Libp2pConfig, open_libp2p_transport
     from ..runtime.executor import ShardExecutor
 
     quiet_libraries()
@@ -355,7 +362,8 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
         torch.set_num_threads(opts.torch_threads)
     t0 = time.monotonic()
     left_on = "SIGTERM"
-    async with open_libp2p_transport(identity, opts.listen) as transport:
+    config = Libp2pConfig(lane=opts.lane, lane_port=opts.lane_port)
+    async with open_libp2p_transport(identity, opts.listen, config=config) as transport:
         if opts.announce:
             transport.set_announce(opts.announce)
         dialer = BootstrapDialer(transport, opts.bootstrap, max_delay_s=opts.bootstrap_retry_max_s)

@@ -103,7 +103,8 @@ class LaneConfig:
     open_timeout_s: float = 5.0
     retry_s: float = 30.0
     retry_max_s: float = 600.0
-    #: lanes held at once (both directions), and requests served at once per lane
+    #: lanes held at once (both directions, with connections still to show
+    #: a ticket), and requests served at once per lane
     max_lanes: int = 1024
     max_inflight: int = 64
     send_timeout_s: float = 30.0
@@ -303,6 +304,7 @@ class Lanes:
         self._tickets: dict[bytes, _Ticket] = {}
         self._lanes: dict[str, _Lane] = {}
         self._all: set[_Lane] = set()
+        self._pending = 0  # accepted connections that have not shown a ticket yet
         self._opening: set[str] = set()
         self._retry: dict[str, tuple[float, float]] = {}  # peer -> (not before, backoff)
 
@@ -339,21 +341,24 @@ class Lanes:
         return msgpack.packb({"v": 1, "port": self.port, "ticket": ticket, "key": key})
 
     async def _accept(self, stream: trio.SocketStream) -> None:
-        if len(self._all) >= self.config.max_lanes:
+        if len(self._all) + self._pending >= self.config.max_lanes:
             self.count("lane_refused")
             await stream.aclose()
             return
         need = len(MAGIC) + TICKET_BYTES
         got = bytearray()
-        with trio.move_on_after(self.config.open_timeout_s):
-            try:
+        self._pending += 1
+        try:
+            with trio.move_on_after(self.config.open_timeout_s):
                 while len(got) < need:
                     chunk = await stream.receive_some(need - len(got))
                     if not chunk:
                         break
                     got += chunk
-            except (trio.BrokenResourceError, OSError):
-                pass
+        except (trio.BrokenResourceError, OSError):
+            pass
+        finally:
+            self._pending -= 1
         t = self._tickets.pop(bytes(got[len(MAGIC):]), None) if got[:len(MAGIC)] == MAGIC else None
         if t is None or t.expires <= trio.current_time() or len(got) != need:
             self.count("lane_refused")

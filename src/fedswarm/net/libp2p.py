@@ -966,6 +966,8 @@ async def open_libp2p_transport(
     )
     host_ip, port = parse_listen_maddr(listen_multiaddr)  # InputError for a bad one
     check_tcp_free(host_ip, port, "listen port")
+    if config.lane:
+        check_tcp_free(host_ip, config.lane_port, "lane port")
     maddr = multiaddr.Multiaddr(listen_multiaddr)
     dht = (KadDHT(host, DHTMode.SERVER, enable_random_walk=False,
                   protocol_prefix=TProtocol("/fedswarm")) if config.dht else None)
