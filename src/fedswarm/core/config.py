@@ -43,9 +43,11 @@ class PeerConfig:
     # an unchanged state, each push round doubles the push interval, the state
     # refresh and the TTL our state advertises, up to this factor (1: off).
     # A crashed peer leaves every view within state_ttl_s * gossip_quiet_max.
-    # Off by default: on (8), an idle swarm sends 5.5x fewer messages, but
-    # views heal slowly after a partition: 124 of 2,450 pairs still apart
-    # 80 s after a 20 s split heals, against none 20 s after (docs/netsim.md)
+    # Off by default: on (8), an idle swarm sends 4.1x fewer messages (5.5x
+    # with the client's idle_pull off too), but views heal slowly after a
+    # partition: 124 of 2,450 pairs still apart 80 s after a 20 s split
+    # heals, against none 20 s after; and as a default it was tried and did
+    # not hold up (docs/netsim.md, 2026-12-05)
     gossip_quiet_max: int = 1
     gossip_probe_rate: float = 0.1  # per round: ask a lost or bootstrap peer for its view
     max_view: int = 1024
