@@ -234,7 +234,10 @@ class _Lane:
                     if req is not True:
                         # a request: served in its own task, at most
                         # max_inflight at once (then we stop reading)
-                        await self._inflight.acquire()
+                        try:
+                            self._inflight.acquire_nowait()  # no scheduling round when there is room
+                        except trio.WouldBlock:
+                            await self._inflight.acquire()
                         self._owner.serve(self, *req)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             why = repr(exc)
