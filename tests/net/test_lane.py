@@ -270,3 +270,26 @@ def test_connections_without_a_ticket_count_against_the_lane_bound() -> None:
             assert await a.request(b.peer_id, LLM, b"ok", timeout=10) == b"re:ok"
 
     trio.run(main)
+
+
+def test_one_peer_cannot_hold_every_ticket_or_lane() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a, b = await _pair(stack, Libp2pConfig(lane_config=LaneConfig(max_per_peer=2)))
+            b.set_request_handler(LLM, _tagged([]))
+            offers = [_parse_offer((await a._lane_hello(b.peer_id))[1]) for _ in range(4)]
+            assert b._lanes is not None and len(b._lanes._tickets) == 2  # a's two newest
+            socks = []
+            for port, ticket, _key in offers:  # the two oldest are gone
+                s = await _raw(port)
+                await s.send_all(MAGIC + ticket)
+                socks.append(s)
+            assert await _closed(socks[0]) and await _closed(socks[1])
+            await _until(lambda: b.lanes_live() == 2)
+            await a.request(b.peer_id, LLM, b"first", timeout=10)  # a third lane from a ...
+            await _until(lambda: a.lanes_live() == 1)
+            assert await _closed(socks[2])  # ... and the oldest of a's goes
+            assert b.lanes_live() == 2
+            assert await a.request(b.peer_id, LLM, b"x", timeout=10) == b"re:x"
+
+    trio.run(main)

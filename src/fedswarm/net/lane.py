@@ -106,6 +106,8 @@ class LaneConfig:
     #: lanes held at once (both directions, with connections still to show
     #: a ticket), and requests served at once per lane
     max_lanes: int = 1024
+    #: lanes and unspent tickets one peer may hold here; past it, its oldest goes
+    max_per_peer: int = 4
     max_inflight: int = 64
     send_timeout_s: float = 30.0
 
@@ -306,7 +308,7 @@ class Lanes:
         self.port = 0
         self._tickets: dict[bytes, _Ticket] = {}
         self._lanes: dict[str, _Lane] = {}
-        self._all: set[_Lane] = set()
+        self._all: dict[_Lane, None] = {}  # oldest first
         self._pending = 0  # accepted connections that have not shown a ticket yet
         self._opening: set[str] = set()
         self._retry: dict[str, tuple[float, float]] = {}  # peer -> (not before, backoff)
@@ -338,6 +340,9 @@ class Lanes:
             del self._tickets[t]
         while len(self._tickets) >= self.config.max_tickets:
             del self._tickets[next(iter(self._tickets))]  # the oldest
+        mine = [t for t, v in self._tickets.items() if v.peer == sender]
+        for t in mine[:max(len(mine) - self.config.max_per_peer + 1, 0)]:
+            del self._tickets[t]  # one peer cannot fill the table
         ticket = secrets.token_bytes(TICKET_BYTES)
         key = secrets.token_bytes(KEY_BYTES)
         self._tickets[ticket] = _Ticket(sender, key, now + self.config.ticket_s)
@@ -367,6 +372,9 @@ class Lanes:
             self.count("lane_refused")
             await stream.aclose()
             return
+        mine = [lane for lane in self._all if lane.peer == t.peer]
+        for old in mine[:max(len(mine) - self.config.max_per_peer + 1, 0)]:
+            old.kill()  # one peer cannot hold every lane
         lane = _Lane(stream, t.peer, t.key, opener=False, owner=self)
         self._add(lane, current=False)
         try:
@@ -452,12 +460,12 @@ class Lanes:
 
     # -- bookkeeping ------------------------------------------------------------
     def _add(self, lane: _Lane, current: bool = True) -> None:
-        self._all.add(lane)
+        self._all[lane] = None
         if current:
             self._lanes[lane.peer] = lane
 
     def forget(self, lane: _Lane) -> None:
-        self._all.discard(lane)
+        self._all.pop(lane, None)
         if self._lanes.get(lane.peer) is lane:
             del self._lanes[lane.peer]
 
