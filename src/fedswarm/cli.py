@@ -424,6 +424,14 @@ def _cmd_status(a: argparse.Namespace) -> int:
     for sp in spans:
         state = f" ({sp['state']})" if sp.get("state", "serving") != "serving" else ""
         print(f"  model {sp['model'][:12]} blocks {sp['start']}:{sp['end']}: {sp['sessions']} sessions{state}")
+    tr = st.get("transport") or {}
+    if "lane_port" in tr:
+        if tr["lane_port"]:
+            print(f"\ndirect lanes on port {tr['lane_port']}: {tr.get('lanes_live', 0)} live, "
+                  f"{tr.get('lane_requests_in', 0)} requests in, {tr.get('lane_requests_out', 0)} out, "
+                  f"{tr.get('lane_refused', 0)} refused, {tr.get('lane_failures', 0)} failed")
+        else:
+            print("\ndirect lanes off (--no-lane): every request goes over libp2p")
     leases = st.get("leases", [])
     print(f"\n{len(leases)} leases, {st.get('results_pending', 0)} results awaiting ack")
     for l in leases:

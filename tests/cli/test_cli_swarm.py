@@ -94,6 +94,8 @@ def test_status_of_a_metrics_url_is_one_line(swarm: LocalSwarm) -> None:
     error_line(p, 2, r"did not answer JSON .*give the daemon's /status URL")
     p = run(PEER + ["status", "--url", f"{url}/status"])
     assert p.returncode == 0 and "2 live peers" in p.stdout, p.stdout + p.stderr
+    lport = swarm.peers[0].status()["transport"]["lane_port"]
+    assert f"direct lanes on port {lport}: " in p.stdout, p.stdout
 
 
 def test_submit_writes_sorted_results_and_a_json_summary(swarm: LocalSwarm, tmp_path: Path) -> None:
