@@ -197,6 +197,9 @@ def test_a_peer_filling_the_gap_and_a_generation_show_up(swarm, browser) -> None
     assert values["fedswarm_llm_token_latency_seconds_count"] == values["fedswarm_llm_hop_latency_seconds_count"]
     assert values["fedswarm_llm_batch_size_count"] >= 1
     assert "fedswarm_llm_sessions" in values
+    # the generation's steps reached this peer on a direct lane
+    assert values['fedswarm_lane_requests_total{direction="in"}'] >= 6
+    assert values['fedswarm_lane_refusals_total{reason="bad-frame"}'] == 0
     with urllib.request.urlopen(server.metrics_url + "/status", timeout=5) as r:
         status = json.load(r)
     (span,) = status["spans"]

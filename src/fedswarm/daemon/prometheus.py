@@ -183,6 +183,23 @@ class PeerCollector(Collector):
         for tenant, share in sorted(fold_tenants(shares, shares).items()):
             g.add_metric([tenant], share)
         yield g
+        lanes_live = getattr(self.agent.transport, "lanes_live", None)
+        if lanes_live is not None:
+            ts = self.agent.transport.statistics()
+            g = GaugeMetricFamily("fedswarm_lanes", "Direct lanes held now (both directions)")
+            g.add_metric([], lanes_live())
+            yield g
+            c = CounterMetricFamily("fedswarm_lane_requests", "Requests carried on direct lanes",
+                                    labels=["direction"])
+            c.add_metric(["in"], ts.lane_requests_in)
+            c.add_metric(["out"], ts.lane_requests_out)
+            yield c
+            c = CounterMetricFamily("fedswarm_lane_refusals", "Direct lane connections or frames refused",
+                                    labels=["reason"])
+            c.add_metric(["no-ticket"], ts.lane_refused)
+            c.add_metric(["bad-frame"], ts.lane_failures)
+            c.add_metric(["open-failed"], ts.lane_open_failures)
+            yield c
         tel = self.telemetry
         if tel is not None:
             c = CounterMetricFamily("fedswarm_energy_joules", "Energy of the shards run here, by tenant "
