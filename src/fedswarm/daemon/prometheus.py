@@ -183,9 +183,10 @@ class PeerCollector(Collector):
         for tenant, share in sorted(fold_tenants(shares, shares).items()):
             g.add_metric([tenant], share)
         yield g
-        lanes_live = getattr(self.agent.transport, "lanes_live", None)
+        transport: Any = self.agent.transport
+        lanes_live = getattr(transport, "lanes_live", None)
         if lanes_live is not None:
-            ts = self.agent.transport.statistics()
+            ts = transport.statistics()
             g = GaugeMetricFamily("fedswarm_lanes", "Direct lanes held now (both directions)")
             g.add_metric([], lanes_live())
             yield g
