@@ -129,11 +129,33 @@ def test_handler_failure_and_timeout_on_a_lane_leave_it_serving() -> None:
             await _lane_up(a, b)
             with pytest.raises(PeerUnreachable):
                 await a.request(b.peer_id, LLM, b"boom", timeout=10)
-            with pytest.raises(TransportTimeout):
-                await a.request(b.peer_id, LLM, b"slow", timeout=0.2)
-            release.set()  # its late answer finds no one waiting and is dropped
+            assert await a.request(b.peer_id, LLM, b"fine", timeout=10) == b"ok"
+            assert a.lanes_live() == 1 and a.statistics().lanes_opened == 1  # a failed handler ends nothing
+
+            # a timeout while other answers arrive on the lane leaves it serving;
+            # its late answer finds no one waiting and is dropped
+            async def busy() -> None:
+                for _ in range(5):
+                    await a.request(b.peer_id, LLM, b"fine", timeout=10)
+                    await trio.sleep(0.03)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(busy)
+                with pytest.raises(TransportTimeout):
+                    await a.request(b.peer_id, LLM, b"slow", timeout=0.1)
+            release.set()
             assert await a.request(b.peer_id, LLM, b"fine", timeout=10) == b"ok"
             assert a.lanes_live() == 1 and a.statistics().lanes_opened == 1
+
+            # a timeout on a lane that heard nothing meanwhile ends it (a peer
+            # gone without a reset): the next requests go on without waiting on it
+            release = trio.Event()
+            with pytest.raises(TransportTimeout):
+                await a.request(b.peer_id, LLM, b"slow", timeout=0.2)
+            assert a.lanes_live() == 0
+            release.set()
+            assert await a.request(b.peer_id, LLM, b"fine", timeout=10) == b"ok"  # over libp2p
+            await _until(lambda: a.statistics().lanes_opened == 2)
             assert a.statistics().lane_failures == 0 and b.statistics().lane_failures == 0
 
     trio.run(main)

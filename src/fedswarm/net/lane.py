@@ -53,7 +53,10 @@ the first request to a peer), after it breaks, or when the peer offers none
 (an older version, ``Libp2pConfig(lane=False)``, a firewalled port), requests
 go over libp2p as before; a failed open is retried after ``retry_s``,
 doubling up to ``retry_max_s``. A request already written on a lane that
-breaks fails with ``PeerUnreachable`` rather than being sent twice.
+breaks fails with ``PeerUnreachable`` rather than being sent twice. A
+request that times out on a lane that received nothing meanwhile ends the
+lane: a peer gone without a reset (a half-open connection) costs one timeout,
+not one per request.
 """
 
 from __future__ import annotations
@@ -151,6 +154,9 @@ class _Lane:
         self._max_wire = owner.config.max_frame + 1024 + TAG_BYTES
         self.alive = True
         self.hello = trio.Event()
+        #: frames received so far: a request that times out on a lane that
+        #: received nothing meanwhile ends the lane (``Lanes.timed_out``)
+        self.frames_in = 0
 
     # -- writing ---------------------------------------------------------------
     async def write(self, plain: bytes) -> None:
@@ -228,6 +234,7 @@ class _Lane:
                         log.warning("lane from %s: %s", self.peer[:16], why)
                         return
                     self._rx_n += 1
+                    self.frames_in += 1
                     req = self._dispatch(plain)
                     if req is False:
                         self._owner.count("lane_failures")
@@ -468,6 +475,14 @@ class Lanes:
         self._all.pop(lane, None)
         if self._lanes.get(lane.peer) is lane:
             del self._lanes[lane.peer]
+
+    def timed_out(self, lane: _Lane, frames_before: int) -> None:
+        """A request on ``lane`` got no answer in time. If nothing at all
+        arrived on the lane meanwhile, it is taken for dead (a peer gone
+        without a reset, a half-open connection): it ends, so the next request
+        opens a new lane or goes over libp2p instead of waiting again."""
+        if lane.frames_in == frames_before:
+            lane.kill()
 
     def close(self) -> None:
         for lane in list(self._all):

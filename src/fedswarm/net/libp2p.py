@@ -748,11 +748,13 @@ class Libp2pTransport:
         lane = self._lanes.get(peer_id)
         if lane is None:
             return None
+        frames_before = lane.frames_in
         try:
             with trio.fail_after(timeout):
                 resp = await lane.request(protocol, data)
         except trio.TooSlowError:
             self._c.request_timeouts += 1
+            self._lanes.timed_out(lane, frames_before)
             raise TransportTimeout(f"request {protocol} to {peer_id[:16]} timed out") from None
         except LaneDown as exc:
             if not exc.sent:
