@@ -1,7 +1,8 @@
 """The demo: start 3 real peers on 127.0.0.1, each serving a third of
 SmolLM2-135M-Instruct's decoder blocks; submit a batch job, show who ran
 what, check the results against a local run; then ask SmolLM2 a question
-through the three peers, Petals-style, stream the answer, and check the
+through the three peers, Petals-style (the hidden states travel on
+direct lanes), stream the answer, and check the
 greedy tokens against the same model run in one process; stop the peers.
 
 Run it with ``./scripts/demo.sh`` (which installs what it needs), or
@@ -81,6 +82,9 @@ def main() -> int:
         route = " -> ".join(f"{names.get(h['peer'], h['peer'][:8])}[{h['blocks'][0]}:{h['blocks'][1]}]"
                             for h in gen.get("route", []))
         print(f"route: {route}")
+        lanes = [q.status().get("transport", {}) for q in swarm.peers[:len(SPANS)]]
+        print("requests the serving peers took on direct lanes (sealed TCP, keyed over libp2p): "
+              + ", ".join(f"{names[q.peer_id]}={t.get('lane_requests_in', 0)}" for q, t in zip(swarm.peers, lanes)))
         local_ids = _local_generate(gen["prompt_ids"], len(gen["token_ids"]))
         same_tokens = local_ids == gen["token_ids"]
         print(f"{len(local_ids)} tokens equal the same model run greedily in one process: {same_tokens}")
