@@ -160,11 +160,16 @@ def test_bootstrap_not_up_yet_is_retried_and_shown_until_it_connects(tmp_path: P
         # the bootstrap peer comes up: the early one connects and joins through it
         later = PeerProcess(subprocess.Popen(
             PEER + ["start", "--profile", CPU, "--data-dir", str(later_key.parent), "--listen",
-                    f"/ip4/127.0.0.1/tcp/{later_port}", "--metrics-port", "0", "--torch-threads", "1", "--grace", "1"],
+                    f"/ip4/127.0.0.1/tcp/{later_port}", "--metrics-port", "0", "--torch-threads", "1", "--grace", "1",
+                    "--no-lane"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True), later_key.parent)
         later.wait_ready()
         wait_until(lambda: early.status()["bootstrap"][0]["state"] == "connected", 60, "the bootstrap to connect")
         wait_until(lambda: len(early.status()["peers"]) == 2, 30, "the early peer to join")
+        # --no-lane: no lane listener, and peer status says so
+        assert later.status()["transport"]["lane_port"] == 0 and early.status()["transport"]["lane_port"] > 0
+        p = run(PEER + ["status", "--url", later.metrics_url + "/status"])
+        assert "direct lanes off (--no-lane)" in p.stdout, p.stdout
         events = [json.loads(x) for x in (d / "peer.log").read_text().splitlines() if x.startswith("{")]
         assert any(e["level"] == "warning" and e["msg"].startswith("bootstrap unreachable") for e in events)
     finally:
