@@ -315,3 +315,29 @@ def test_one_peer_cannot_hold_every_ticket_or_lane() -> None:
             assert await a.request(b.peer_id, LLM, b"x", timeout=10) == b"re:x"
 
     trio.run(main)
+
+
+def test_a_lane_holds_frames_to_the_transports_max_frame() -> None:
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a, b = await _pair(stack, Libp2pConfig(max_frame=64 * 1024))
+            b.set_request_handler(LLM, _tagged([]))
+            port, ticket, key = _parse_offer((await a._lane_hello(b.peer_id))[1])
+            s = await _raw(port)
+            await s.send_all(MAGIC + ticket)
+            await s.receive_some(65536)  # the sealed HELLO
+            # a well-sealed request of 100 kB: within the default 4 MiB, past this transport's 64 KiB
+            plain = struct.pack(">BIH", 0, 1, len(LLM)) + LLM.encode() + b"x" * 100_000
+            hdr = struct.pack(">I", len(plain) + 16)
+            nonce = b"\x00\x00\x00\x01" + (0).to_bytes(8, "big")
+            try:
+                await s.send_all(hdr + ChaCha20Poly1305(key).encrypt(nonce, plain, hdr))
+            except trio.BrokenResourceError:
+                pass  # refused on its header, while the rest was still on its way
+            assert await _closed(s)
+            await _until(lambda: b.statistics().lane_failures == 1)
+            assert b.statistics().lane_requests_in == 0
+
+    trio.run(main)

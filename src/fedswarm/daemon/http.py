@@ -22,7 +22,6 @@ It is read-only: no route changes the daemon.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import time

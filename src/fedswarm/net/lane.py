@@ -98,7 +98,6 @@ class LaneConfig:
 
     #: request protocols carried on lanes (prefix match)
     protocols: tuple[str, ...] = ("/fedswarm/llm/", "/fedswarm/llm-out/")
-    max_frame: int = 4 * 1024 * 1024
     #: how long a ticket stays valid, and how many may wait at once
     ticket_s: float = 10.0
     max_tickets: int = 256
@@ -151,7 +150,7 @@ class _Lane:
         self._waiting: dict[int, _Wait] = {}
         self._owner = owner
         self._inflight = trio.Semaphore(owner.config.max_inflight)
-        self._max_wire = owner.config.max_frame + 1024 + TAG_BYTES
+        self._max_wire = owner.max_frame + 1024 + TAG_BYTES
         self.alive = True
         self.hello = trio.Event()
         #: frames received so far: a request that times out on a lane that
@@ -306,8 +305,10 @@ class Lanes:
     """
 
     def __init__(self, config: LaneConfig, handlers: dict[str, RequestHandler],
-                 nursery: trio.Nursery, counters: Any, hello: Hello) -> None:
+                 nursery: trio.Nursery, counters: Any, hello: Hello, *, max_frame: int) -> None:
         self.config = config
+        #: the largest request or answer (the transport's ``max_frame``)
+        self.max_frame = max_frame
         self._handlers = handlers
         self._nursery = nursery
         self._c = counters
@@ -415,7 +416,7 @@ class Lanes:
             log.exception("request handler for %s failed (lane)", name)
             await lane.reply(rid, ERR, b"handler failed")
             return
-        if len(resp) > self.config.max_frame:
+        if len(resp) > self.max_frame:
             log.error("handler for %s returned %d bytes > max_frame", name, len(resp))
             await lane.reply(rid, ERR, b"response too large")
             return

@@ -800,7 +800,8 @@ class Libp2pTransport:
     # -- lanes ------------------------------------------------------------------
     async def _start_lanes(self, host_ip: str) -> None:
         """Listen for lanes on the libp2p listen host and answer hellos."""
-        lanes = Lanes(self.config.lane_config, self._handlers, self._nursery, self._c, self._lane_hello)
+        lanes = Lanes(self.config.lane_config, self._handlers, self._nursery, self._c, self._lane_hello,
+                      max_frame=self.config.max_frame)
         await lanes.listen(host_ip, self.config.lane_port)
         self._lanes = lanes
         self.set_request_handler(LANE_PROTOCOL, lanes.on_hello)
