@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import struct
 from contextlib import AsyncExitStack
-from typing import Callable
 
 import msgpack
 import pytest
 import trio
 
+from helpers import until
 from fedswarm.core.identity import Identity
 from fedswarm.errors import PeerUnreachable, TransportTimeout
 from fedswarm.net.lane import MAGIC, LaneConfig, _parse_offer
@@ -27,12 +27,6 @@ from fedswarm.net.libp2p import Libp2pConfig, Libp2pTransport, open_libp2p_trans
 LLM = "/fedswarm/llm/1.0.0"
 OUT = "/fedswarm/llm-out/1.0.0"
 ECHO = "/fedswarm/echo/1.0.0"
-
-
-async def _until(cond: Callable[[], bool], bound: float = 10.0) -> None:
-    with trio.fail_after(bound):
-        while not cond():
-            await trio.sleep(0.01)
 
 
 async def _pair(stack: AsyncExitStack, b_config: Libp2pConfig | None = None
@@ -53,7 +47,7 @@ def _tagged(seen: list[str]):
 
 async def _lane_up(a: Libp2pTransport, b: Libp2pTransport) -> None:
     await a.request(b.peer_id, LLM, b"first", timeout=10)  # over libp2p; opens the lane
-    await _until(lambda: a.lanes_live() == 1 and b.lanes_live() == 1)
+    await until(lambda: a.lanes_live() == 1 and b.lanes_live() == 1)
 
 
 def test_llm_requests_move_to_the_lane_with_the_same_answers_and_sender() -> None:
@@ -102,7 +96,7 @@ def test_a_peer_without_lanes_is_served_over_libp2p() -> None:
             assert b.lane_port == 0
             b.set_request_handler(LLM, _tagged([]))
             assert await a.request(b.peer_id, LLM, b"1", timeout=10) == b"re:1"
-            await _until(lambda: a.statistics().lane_open_failures == 1)
+            await until(lambda: a.statistics().lane_open_failures == 1)
             for i in range(5):
                 assert await a.request(b.peer_id, LLM, b"%d" % i, timeout=10) == b"re:%d" % i
             st = a.statistics()
@@ -155,7 +149,7 @@ def test_handler_failure_and_timeout_on_a_lane_leave_it_serving() -> None:
             assert a.lanes_live() == 0
             release.set()
             assert await a.request(b.peer_id, LLM, b"fine", timeout=10) == b"ok"  # over libp2p
-            await _until(lambda: a.statistics().lanes_opened == 2)
+            await until(lambda: a.statistics().lanes_opened == 2)
             assert a.statistics().lane_failures == 0 and b.statistics().lane_failures == 0
 
     trio.run(main)
@@ -185,7 +179,7 @@ def test_a_lane_that_breaks_fails_the_request_in_flight_and_a_new_one_opens() ->
                 with pytest.raises(PeerUnreachable, match="lane broke"):
                     await a.request(b.peer_id, LLM, b"hang", timeout=10)  # sent once, never twice
             assert await a.request(b.peer_id, LLM, b"again", timeout=10) == b"ok"  # over libp2p
-            await _until(lambda: a.statistics().lanes_opened == 2)
+            await until(lambda: a.statistics().lanes_opened == 2)
             assert await a.request(b.peer_id, LLM, b"lane", timeout=10) == b"ok"
             assert b.statistics().lanes_accepted == 2
 
@@ -217,7 +211,7 @@ def test_lane_listener_refuses_bad_tickets_and_forged_frames() -> None:
                 s = await _raw(b.lane_port)
                 await s.send_all(junk)
                 assert await _closed(s)
-            await _until(lambda: b.statistics().lane_refused == 2)
+            await until(lambda: b.statistics().lane_refused == 2)
             # a real ticket (asked over libp2p as a's), spent twice: the second is refused
             _, raw = await a._lane_hello(b.peer_id)
             port, ticket, _key = _parse_offer(raw)
@@ -227,14 +221,14 @@ def test_lane_listener_refuses_bad_tickets_and_forged_frames() -> None:
             s2 = await _raw(port)
             await s2.send_all(MAGIC + ticket)
             assert await _closed(s2)
-            await _until(lambda: b.statistics().lane_refused == 3)
+            await until(lambda: b.statistics().lane_refused == 3)
             # the first holds the ticket but not... a frame sealed with another key: ended, counted
             hello = await s1.receive_some(65536)
             assert len(hello) == 4 + 7 + 16  # the sealed HELLO
             forged = b"\x00" * 40
             await s1.send_all(struct.pack(">I", len(forged)) + forged)
             assert await _closed(s1)
-            await _until(lambda: b.statistics().lane_failures == 1)
+            await until(lambda: b.statistics().lane_failures == 1)
             # an oversize length: ended before any of it is read
             _, raw = await a._lane_hello(b.peer_id)
             _, ticket, _key = _parse_offer(raw)
@@ -243,7 +237,7 @@ def test_lane_listener_refuses_bad_tickets_and_forged_frames() -> None:
             await s3.receive_some(65536)
             await s3.send_all(struct.pack(">I", 1 << 30))
             assert await _closed(s3)
-            await _until(lambda: b.statistics().lane_failures == 2)
+            await until(lambda: b.statistics().lane_failures == 2)
             # and b still serves a over a good lane
             await _lane_up(a, b)
             assert await a.request(b.peer_id, LLM, b"still", timeout=10) == b"re:still"
@@ -281,13 +275,13 @@ def test_connections_without_a_ticket_count_against_the_lane_bound() -> None:
             a, b = await _pair(stack, Libp2pConfig(lane_config=LaneConfig(max_lanes=2)))
             b.set_request_handler(LLM, _tagged([]))
             idle = [await _raw(b.lane_port) for _ in range(2)]  # connected, silent
-            await _until(lambda: b._lanes is not None and b._lanes._pending == 2)
+            await until(lambda: b._lanes is not None and b._lanes._pending == 2)
             s = await _raw(b.lane_port)
             assert await _closed(s)  # refused at once: the bound is full
             assert b.statistics().lane_refused == 1
             for c in idle:
                 await c.aclose()
-            await _until(lambda: b._lanes is not None and b._lanes._pending == 0)
+            await until(lambda: b._lanes is not None and b._lanes._pending == 0)
             await _lane_up(a, b)  # room again
             assert await a.request(b.peer_id, LLM, b"ok", timeout=10) == b"re:ok"
 
@@ -307,9 +301,9 @@ def test_one_peer_cannot_hold_every_ticket_or_lane() -> None:
                 await s.send_all(MAGIC + ticket)
                 socks.append(s)
             assert await _closed(socks[0]) and await _closed(socks[1])
-            await _until(lambda: b.lanes_live() == 2)
+            await until(lambda: b.lanes_live() == 2)
             await a.request(b.peer_id, LLM, b"first", timeout=10)  # a third lane from a ...
-            await _until(lambda: a.lanes_live() == 1)
+            await until(lambda: a.lanes_live() == 1)
             assert await _closed(socks[2])  # ... and the oldest of a's goes
             assert b.lanes_live() == 2
             assert await a.request(b.peer_id, LLM, b"x", timeout=10) == b"re:x"
@@ -337,7 +331,7 @@ def test_a_lane_holds_frames_to_the_transports_max_frame() -> None:
             except trio.BrokenResourceError:
                 pass  # refused on its header, while the rest was still on its way
             assert await _closed(s)
-            await _until(lambda: b.statistics().lane_failures == 1)
+            await until(lambda: b.statistics().lane_failures == 1)
             assert b.statistics().lane_requests_in == 0
 
     trio.run(main)

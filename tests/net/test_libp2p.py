@@ -12,25 +12,19 @@ a ``trio.fail_after`` bound.
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from typing import Callable
 
 import pytest
 import trio
 from libp2p.crypto.ed25519 import Ed25519PrivateKey as LibEd25519PrivateKey
 from libp2p.peer.id import ID
 
+from helpers import until
 from fedswarm.core.identity import Identity
 from fedswarm.errors import LocalProtocolError, PeerUnreachable, TransportTimeout
 from fedswarm.net.libp2p import Libp2pConfig, Libp2pTransport, open_libp2p_transport
 from fedswarm.runtime.ports import Incoming
 
 ECHO = "/fedswarm/echo/1.0.0"
-
-
-async def _until(cond: Callable[[], bool], bound: float = 10.0) -> None:
-    with trio.fail_after(bound):
-        while not cond():
-            await trio.sleep(0.01)
 
 
 async def _echo(sender: str, data: bytes) -> bytes:
@@ -107,7 +101,7 @@ def test_dht_finds_address_of_unknown_peer() -> None:
             await a.connect(b.listen_addrs()[0])
             await c.connect(b.listen_addrs()[0])
             # routing tables are filled from connection notifications
-            await _until(lambda: a.dht_routing_table_size() >= 1
+            await until(lambda: a.dht_routing_table_size() >= 1
                          and b.dht_routing_table_size() >= 2)
             assert c.peer_id not in a.connected_peers()
             await a.send(c.peer_id, b"found-you")  # a never learnt c's address
@@ -234,7 +228,7 @@ def test_oversize_frame_rejected_then_transport_still_works() -> None:
                         and sb.oversize_rejected == sa.direct_streams_opened
                         and sa.direct_streams_broken == sb.oversize_rejected)
 
-            await _until(settled)
+            await until(settled)
             opened = a.statistics().direct_streams_opened
             await a.send(b.peer_id, b"small-2")
             with trio.fail_after(5):
@@ -258,7 +252,7 @@ def test_gossipsub_settings_and_pubsub_counters() -> None:
             await b.connect(a.listen_addrs()[0])
             for t in (a, b):
                 await t.subscribe("fedswarm/test")
-            await _until(lambda: a.mesh_peers("fedswarm/test") == [b.peer_id]
+            await until(lambda: a.mesh_peers("fedswarm/test") == [b.peer_id]
                          and b.mesh_peers("fedswarm/test") == [a.peer_id])
             await b.publish("fedswarm/test", b"from-b")
             with trio.fail_after(5):

@@ -18,18 +18,13 @@ from typing import Any
 import pytest
 import trio
 
+from helpers import until
 from fedswarm.core.identity import Identity
 from fedswarm.errors import LocalProtocolError, PeerUnreachable, TransportTimeout
 from fedswarm.runtime.ports import Incoming
 
 ECHO = "/fedswarm/echo/1.0.0"
 TOPIC = "fedswarm/contract"
-
-
-async def until(cond: Callable[[], bool], bound: float = 10.0) -> None:
-    with trio.fail_after(bound):
-        while not cond():
-            await trio.sleep(0.01)
 
 
 @dataclass(frozen=True)
