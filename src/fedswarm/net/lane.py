@@ -178,10 +178,8 @@ class _Lane:
         wait = self._waiting[rid] = _Wait()
         p = protocol.encode()
         try:
-            try:
+            try:  # a LaneDown from write (the lane was already closed) passes through: sent=False
                 await self.write(_BODY.pack(REQ, rid, len(p)) + p + data)
-            except LaneDown:
-                raise
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise LaneDown(f"write failed: {exc!r}", sent=True) from None
             await wait.event.wait()
