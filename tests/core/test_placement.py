@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.energy import PowerModel
-from fedswarm.core.events import SetThroughput, Submit
+from fedswarm.core.events import Send, SetThroughput, Submit
 from fedswarm.core.fairness import priority
 from fedswarm.core.view import ViewEntry
 from fedswarm.core.wire import JobSpec
@@ -843,3 +843,39 @@ def test_a_sampled_round_ranks_a_bounded_sample_and_keeps_the_peers_that_won() -
     whole, sampled = c._candidates(spec, now, 3)
     assert not sampled and {e.peer for e in whole} == {e.peer for e in c._eligible(spec, now)}
     assert _fast_peer_runs(12)[0] == ran_on  # the same seed places the same way
+
+
+def test_an_invitee_that_never_bids_is_not_asked_again_until_it_signs_a_new_state() -> None:
+    # one peer crashed while idle: its state says free for state_ttl_s *
+    # gossip_quiet_max (240 s here), so it would rank first in every round.
+    # Asked once and silent while the others bid, it is not asked again; a
+    # live peer whose calls were lost is asked again once a state it signed
+    # after the call reaches the client (its stretched refresh, 80 s)
+    s = MiniSwarm(4, seed=3, peer_config=lambda i: PeerConfig(slots=1, gossip_quiet_max=8),
+                  client_config=ClientConfig(verify="none", probe_min=4, bid_window_s=1.0))
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    s.step_until(s.now + 10)
+    gone, mute = sorted(s.peers)[:2]
+    calls: dict[str, int] = {}
+
+    def count(src: str, e: Send) -> bool:
+        if e.kind == "CallForBids":
+            calls[e.to] = calls.get(e.to, 0) + 1
+            return e.to == mute and muted[0]
+        return False
+
+    muted = [True]
+    s.drop = count
+    s.crash(gone)
+    for _ in range(3):
+        jid = s.submit(c, JobRequest("sim", 1, work_s=2.0))
+        s.step_until(s.now + 30, stop=lambda j=jid: j in s.finished)
+        assert s.finished[jid].ok
+    assert calls[gone] == calls[mute] == 1  # asked in the first round only
+    assert c.view.get(gone) is not None and c.view.get(mute) is not None  # still in the view
+    muted[0] = False
+    s.step_until(s.now + 2 * 80.0)  # the mute peer re-signs; the crashed one cannot
+    jid = s.submit(c, JobRequest("sim", 1, work_s=2.0))
+    s.step_until(s.now + 30, stop=lambda: jid in s.finished)
+    assert calls[mute] == 2 and calls[gone] == 1

@@ -44,6 +44,12 @@ job is submitted (unless a pull went out within the interval), so a tenant
 with nothing to place costs the swarm nothing; the rate per client never
 depends on how many tenants there are.
 
+Silent invitees: an invitee that did not bid in a round that others did
+bid in is not invited again (once a whole bid window or its timeout has
+passed) until a bid of its arrives or a state it signed after the call
+does. An idle peer's state lives ``state_ttl_s * gossip_quiet_max``; one
+that crashed looks free, and would rank first all that time.
+
 Exactly-once delivery: a shard may *run* more than once (an attempt thought
 lost may still finish), but the first result for a shard is delivered and
 every later one is acknowledged and dropped; other holders are cancelled.
@@ -245,6 +251,10 @@ class ClientCore(Node):
         self._config = config
         self.jobs: dict[str, _Job] = {}
         self._suspect: dict[str, float] = {}
+        #: invitees that left a call unanswered while others answered it ->
+        #: when that call went out: not invited again until a bid of theirs
+        #: or a state issued after the call comes (``_iter_eligible``)
+        self._silent: dict[str, float] = {}
         self._last_heard = -math.inf  # when a valid message last arrived
         #: agreed results per untrusted peer (drives how often it is checked)
         self.reputation: dict[str, float] = {}
@@ -562,6 +572,12 @@ class ClientCore(Node):
             st = e.state
             if e.peer == self.id or e.peer in self.banned or self._suspect.get(e.peer, 0.0) > now:
                 continue
+            quiet_since = self._silent.get(e.peer)
+            if quiet_since is not None:
+                if e.issued_at > quiet_since:
+                    del self._silent[e.peer]  # it signed a state since: alive
+                elif now - quiet_since > max(self.config.bid_window_s, self.forecast.rto(e.peer) or 0.0):
+                    continue  # a bid of its is not coming now (its call was not answered in a whole window)
             if st.slots < job.gpus:
                 continue
             if job.task not in st.throughput and "*" not in st.throughput:
@@ -691,6 +707,7 @@ class ClientCore(Node):
         job.next_round_at = now + job.backoff * (0.5 + self.rng.random())
 
     def _on_bid(self, now: float, signed: Signed, bid: Bid) -> list[Effect]:
+        self._silent.pop(signed.author, None)
         job = self.jobs.get(bid.job_id)
         if job is None or job.finished:
             self.stats["bids_late"] += 1
@@ -847,6 +864,19 @@ class ClientCore(Node):
             # later is still a round trip (a longer one than the timeout
             # assumed), and is sampled as one
             job.closed = (rnd.id, rnd.called_at, frozenset(missing))
+            if rnd.bids:
+                # others answered, so our link works: an invitee that never
+                # bids may be gone. An idle peer's state lives for
+                # state_ttl_s * gossip_quiet_max, and one that crashed looks
+                # free and ranks first all that time (eval-philly: 10% of
+                # calls went to such peers); it is asked again once it bids
+                # late or a state of it issued after this call arrives (and
+                # is still asked until its bid could not be merely late)
+                silent = self._silent
+                for p in missing:
+                    silent.setdefault(p, rnd.called_at)
+                if len(silent) > 2 * self.config.max_view:
+                    self._silent = {p: t for p, t in silent.items() if p in self.view}
         spec = job.spec
         out: list[Effect] = []
         for peer, bid in rnd.bids.items():
