@@ -124,6 +124,13 @@ class ClientConfig:
     # being auctioned, plus once on submit (unless a pull went out within the
     # interval), so an idle tenant costs the swarm no messages (issue 23)
     idle_pull: bool = True
+    # quiet pulls: while no job of ours is unfinished and our view shows no
+    # busy slot (an idle swarm), each pull doubles the interval to the next,
+    # up to this factor of gossip_interval_s (1: off); a submit brings it
+    # back to the base interval, with a pull at once unless one went out
+    # within gossip_interval_s (issue 23: ten idle tenants pulling every
+    # interval were a quarter of an idle swarm's messages)
+    pull_quiet_max: int = 1
     pull_entries: int = 255  # view entries asked of a peer per gossip pull (<= 255)
     # a pull whose answer held at least this share of peers new to the view
     # (of the entries asked for, or of those sent when the peer had fewer) is
@@ -167,6 +174,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.pull_entries <= 255:
             raise ValueError("pull_entries must be in [0, 255]")
+        if self.pull_quiet_max < 1:
+            raise ValueError("pull_quiet_max must be >= 1")
         if not 0.0 <= self.pull_again_share <= 1.0:
             raise ValueError("pull_again_share must be in [0, 1]")
         if self.rank_max < 0:
