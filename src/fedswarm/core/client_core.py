@@ -42,8 +42,8 @@ at once (a large swarm is learnt in a burst). With ``idle_pull=False`` it does s
 only while some job has a shard open or being auctioned, plus once when a
 job is submitted (unless a pull went out within the interval), so a tenant
 with nothing to place costs the swarm nothing; the rate per client never
-depends on how many tenants there are. *Quiet pulls* (``pull_quiet_max`` > 1,
-off by default): while the client has no job unfinished and its view
+depends on how many tenants there are. *Quiet pulls* (``pull_quiet_max``, 8
+by default; 1: off): while the client has no job unfinished and its view
 shows no busy slot, each pull doubles the interval to the next, up to
 ``pull_quiet_max`` times ``gossip_interval_s``; a submit brings it back to
 the base interval and pulls at once (unless a pull went out within the

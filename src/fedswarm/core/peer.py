@@ -13,7 +13,8 @@ A peer does four things, all driven by ``handle(now, input)`` and
    spreads the join from there, so a join costs a constant number of
    messages); on leave it publishes its state on ``TOPIC_PEERS`` so a
    leave is known at once.
-   *Quiet gossip* (``gossip_quiet_max`` > 1, off by default): from one ``state_ttl_s`` after its start (so a swarm's views
+   *Quiet gossip* (``gossip_quiet_max`` > 1; 8 by default, 1 turns it
+   off): from one ``state_ttl_s`` after its start (so a swarm's views
    converge at the base interval), while the peer is idle (no lease, no
    undelivered result, not leaving) and a push round found its state's
    content unchanged, the next round comes twice as late, up to
