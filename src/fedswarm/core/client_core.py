@@ -44,7 +44,7 @@ job is submitted (unless a pull went out within the interval), so a tenant
 with nothing to place costs the swarm nothing; the rate per client never
 depends on how many tenants there are. *Quiet pulls* (``pull_quiet_max``, 8
 by default; 1: off): while the client has no job unfinished and its view
-shows no busy slot, each pull doubles the interval to the next, up to
+shows no busy slot and no model span served, each pull doubles the interval to the next, up to
 ``pull_quiet_max`` times ``gossip_interval_s``; a submit brings it back to
 the base interval and pulls at once (unless a pull went out within the
 interval). On a busy swarm an idle client pulls at the base interval: its
@@ -520,8 +520,8 @@ class ClientCore(Node):
         # free (peers that are idle gossip quietly), and an idle client's
         # next job needs that (eval-philly at 200 peers, seed 2: max rho
         # 4.1 with quiet pulls there, 2.7 without)
-        swarm_idle = not self.view.capacity(now)[2]
-        self._pull_quiet = 1 if self._active or not swarm_idle else min(2 * self._pull_quiet, cfg.pull_quiet_max)
+        quiet = not self._active and self._swarm_idle(now)
+        self._pull_quiet = min(2 * self._pull_quiet, cfg.pull_quiet_max) if quiet else 1
         self._last_pull_at = now
         self._next_gossip = now + cfg.gossip_interval_s * self._pull_quiet
         self.view.expire(now)
@@ -532,6 +532,14 @@ class ClientCore(Node):
         self._pulled = (to, now)
         self.stats["pulls"] += 1
         return [self._gossip_to(now, to, reply=True, entries=0, want=self.config.pull_entries)]
+
+    def _swarm_idle(self, now: float) -> bool:
+        """Whether the swarm looks idle from our view: no busy slot, and no
+        model span served (an LLM client's routes follow the spans in this
+        view, which move while no shard runs anywhere)."""
+        if self.view.capacity(now)[2]:
+            return False
+        return not any(e.state.spans for e in self.view.live(now))
 
     def _pull_again(self, now: float, got: int, new: int) -> list[Effect]:
         """After the answer to a pull (``got`` entries, ``new`` of them peers

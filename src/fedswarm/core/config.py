@@ -128,7 +128,8 @@ class ClientConfig:
     # interval), so an idle tenant costs the swarm no messages (issue 23)
     idle_pull: bool = True
     # quiet pulls: while no job of ours is unfinished and our view shows no
-    # busy slot (an idle swarm), each pull doubles the interval to the next,
+    # busy slot and no model span served (an idle swarm; an LLM client's
+    # routes follow the spans), each pull doubles the interval to the next,
     # up to this factor of gossip_interval_s (1: off); a submit brings it
     # back to the base interval, with a pull at once unless one went out
     # within gossip_interval_s (issue 23: ten idle tenants pulling every
