@@ -49,8 +49,8 @@ class PeerConfig:
     # state_ttl_s * gossip_quiet_max (a busy one within state_ttl_s; its
     # shards are caught by their leases); a quiet peer's state crosses a
     # healed split with its next state_refresh_s * gossip_quiet_max refresh.
-    # 8: an idle swarm sends 7.5x fewer messages than with 1 (churn-200 with
-    # the idle-10 trace, with the clients' quiet pulls; docs/netsim.md)
+    # 8 (with the clients' quiet pulls): an idle swarm sends 7.5x fewer
+    # messages than with both off (churn-200, idle-10 trace; docs/netsim.md)
     gossip_quiet_max: int = 8
     gossip_probe_rate: float = 0.1  # per round: ask a lost or bootstrap peer for its view
     max_view: int = 1024
