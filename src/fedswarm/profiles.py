@@ -47,6 +47,7 @@ Schema (every table optional except ``devices``; unknown keys are errors)::
     state_refresh_s = 10.0
     max_view = 1024
     join_pull = 255
+    quiet_max = 8                     # quiet gossip when idle, up to 8x (1 = off)
 
     [lease]
     renew_interval_s = 2.0
@@ -159,6 +160,7 @@ _MAPPED = {
         "state_refresh_s": "state_refresh_s",
         "max_view": "max_view",
         "join_pull": "join_pull",
+        "quiet_max": "gossip_quiet_max",
     },
     "lease": {
         "renew_interval_s": "renew_interval_s",
@@ -167,7 +169,7 @@ _MAPPED = {
         "result_retries": "result_retries",
     },
 }
-_INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "join_pull", "result_retries"}
+_INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "join_pull", "gossip_quiet_max", "result_retries"}
 _BOOL_FIELDS = {"race_to_idle"}
 _STR_FIELDS = {"queue_policy"}
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.energy import PowerModel
-from fedswarm.core.events import SetThroughput, Submit
+from fedswarm.core.events import Send, SetThroughput, Submit
 from fedswarm.core.fairness import priority
 from fedswarm.core.view import ViewEntry
 from fedswarm.core.wire import JobSpec
@@ -689,9 +689,13 @@ def test_a_round_does_not_wait_for_a_lost_bid_that_could_only_tie() -> None:
     # the two bids in hand only by the few ms it is nearer (less than
     # close_margin_s), so the round closes on them rather than waiting out
     # the window for a bid that is not coming (traced on 5,000 peers: a
-    # 0.35 s task took 1.02 s so, for a gain of 1 ms)
+    # 0.35 s task took 1.02 s so, for a gain of 1 ms). The idle client's
+    # view pulls time the three round trips in the 10 s before the submit:
+    # quiet pulls off (pull_quiet_max=1), so it pulls every 2 s, not 2, 4,
+    # 8 s apart: two pulls in the 10 s, and the mute peer was never timed)
     s = MiniSwarm(3, seed=8, peer_config=lambda i: PeerConfig(slots=1),
-                  client_config=ClientConfig(verify="none", probe_min=3, bid_window_s=2.0, bid_window_min_s=2.0))
+                  client_config=ClientConfig(verify="none", probe_min=3, bid_window_s=2.0, bid_window_min_s=2.0,
+                                             pull_quiet_max=1))
     mute = sorted(s.peers)[0]
     s.step_until(s.now + 20)
     c = s.add_client(0)
@@ -714,10 +718,16 @@ def test_a_round_waits_for_an_invitee_whose_queue_the_shard_may_pass() -> None:
     # (fairness_knob 0), so a 10 s shard goes next: it would finish there in
     # about 28 s, against 40 s on the slow peer. The client's view shows the
     # queue; the round must still wait for the far peer's bid, since the
-    # shard may pass what is queued (not only what runs).
+    # shard may pass what is queued (not only what runs). The client learns
+    # the far peer's round trip (0.2 s each way from 10 s after it starts)
+    # from its view pulls, which time how long to wait for its bid: quiet
+    # pulls off (pull_quiet_max=1), so the idle client pulls every 2 s and
+    # has timed the delayed link by the submit (with 2, 4, 8 s apart its
+    # last sample of that link predated the delay, 0.03 s, and the round
+    # closed before that bid)
     s = MiniSwarm(2, seed=7, peer_config=lambda i: PeerConfig(slots=1, fairness_knob=0.0,
                                                            throughput={"*": 1.0 if i == 0 else 0.25}),
-                  client_config=ClientConfig(verify="none", probe_min=2, bid_window_s=2.0))
+                  client_config=ClientConfig(verify="none", probe_min=2, bid_window_s=2.0, pull_quiet_max=1))
     fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 1.0)
     s.step_until(s.now + 20)
     c = s.add_client(0)
@@ -843,3 +853,39 @@ def test_a_sampled_round_ranks_a_bounded_sample_and_keeps_the_peers_that_won() -
     whole, sampled = c._candidates(spec, now, 3)
     assert not sampled and {e.peer for e in whole} == {e.peer for e in c._eligible(spec, now)}
     assert _fast_peer_runs(12)[0] == ran_on  # the same seed places the same way
+
+
+def test_an_invitee_that_never_bids_is_not_asked_again_until_it_signs_a_new_state() -> None:
+    # one peer crashed while idle: its state says free for state_ttl_s *
+    # gossip_quiet_max (240 s here), so it would rank first in every round.
+    # Asked once and silent while the others bid, it is not asked again; a
+    # live peer whose calls were lost is asked again once a state it signed
+    # after the call reaches the client (its stretched refresh, 80 s)
+    s = MiniSwarm(4, seed=3, peer_config=lambda i: PeerConfig(slots=1, gossip_quiet_max=8),
+                  client_config=ClientConfig(verify="none", probe_min=4, bid_window_s=1.0))
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    s.step_until(s.now + 10)
+    gone, mute = sorted(s.peers)[:2]
+    calls: dict[str, int] = {}
+
+    def count(src: str, e: Send) -> bool:
+        if e.kind == "CallForBids":
+            calls[e.to] = calls.get(e.to, 0) + 1
+            return e.to == mute and muted[0]
+        return False
+
+    muted = [True]
+    s.drop = count
+    s.crash(gone)
+    for _ in range(3):
+        jid = s.submit(c, JobRequest("sim", 1, work_s=2.0))
+        s.step_until(s.now + 30, stop=lambda j=jid: j in s.finished)
+        assert s.finished[jid].ok
+    assert calls[gone] == calls[mute] == 1  # asked in the first round only
+    assert c.view.get(gone) is not None and c.view.get(mute) is not None  # still in the view
+    muted[0] = False
+    s.step_until(s.now + 2 * 80.0)  # the mute peer re-signs; the crashed one cannot
+    jid = s.submit(c, JobRequest("sim", 1, work_s=2.0))
+    s.step_until(s.now + 30, stop=lambda: jid in s.finished)
+    assert calls[mute] == 2 and calls[gone] == 1

@@ -17,15 +17,20 @@ def live_ids(s: MiniSwarm) -> set[str]:
     return {p for p in s.peers if p not in s.dead}
 
 
-def test_views_converge_and_forget_crashed_peers() -> None:
-    s = MiniSwarm(30, seed=3)
+@pytest.mark.parametrize("quiet_max", [1, PeerConfig().gossip_quiet_max])
+def test_views_converge_and_forget_crashed_peers(quiet_max: int) -> None:
+    # a crashed peer leaves every view within state_ttl_s with quiet gossip
+    # off (1), within state_ttl_s * gossip_quiet_max with it on (the
+    # default): an idle peer's state advertises that TTL from its start
+    cfg = PeerConfig(gossip_quiet_max=quiet_max)
+    s = MiniSwarm(30, seed=3, peer_config=lambda i: cfg)
     s.step_until(s.now + 20)
     ids = live_ids(s)
     for p in ids:
         assert {e.peer for e in s.peers[p].view.live(s.now)} == ids
     victim = sorted(ids)[5]
     s.crash(victim)
-    ttl = PeerConfig().state_ttl_s
+    ttl = cfg.state_ttl_s * cfg.gossip_quiet_max
     s.step_until(s.now + ttl + 2)
     for p in live_ids(s):
         assert victim not in {e.peer for e in s.peers[p].view.live(s.now)}
@@ -285,11 +290,12 @@ def test_a_client_cut_off_itself_does_not_blame_the_holders() -> None:
 def test_an_idle_client_pulls_no_views_and_a_submit_pulls_once() -> None:
     # idle_pull=False (issue 23): no view pulls while no shard waits to be
     # placed; one on submit, more while the job's shards are being placed,
-    # none again once they are all placed; idle_pull=True pulls all along
+    # none again once they are all placed; idle_pull=True with quiet pulls
+    # off (pull_quiet_max=1) pulls every interval all along
     s = MiniSwarm(4, seed=3, client_config=ClientConfig(verify="none", idle_pull=False))
     s.step_until(s.now + 20)
     c = s.add_client(0)
-    old = s.add_client(1, idle_pull=True)
+    old = s.add_client(1, idle_pull=True, pull_quiet_max=1)
     s.step_until(s.now + 30)
     assert c.stats["pulls"] == 0
     assert old.stats["pulls"] >= 10
@@ -305,6 +311,57 @@ def test_an_idle_client_pulls_no_views_and_a_submit_pulls_once() -> None:
     assert c.stats["pulls"] == placed
     s.step_until(s.now + 200, stop=lambda: jid in s.finished)
     assert s.finished[jid].ok
+
+
+def test_an_idle_client_stretches_its_pulls_and_a_submit_brings_them_back() -> None:
+    # quiet pulls (pull_quiet_max=8, the default, issue 23): while no job is
+    # unfinished, each pull doubles the interval to the next, up to 8x
+    # gossip_interval_s (2 s here); a submit pulls at once and brings the
+    # interval back to the base while the job is unfinished; once it is
+    # done the intervals stretch again, but not while the swarm is busy
+    s = MiniSwarm(4, seed=3, client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 20)
+    c = s.add_client(0)
+    base = c.config.gossip_interval_s
+    assert c.config.pull_quiet_max == 8
+
+    def pull_times(until: float) -> list[float]:
+        times: list[float] = []
+        while s.now < until - 1e-9:
+            s.step_until(min(s.now + 0.5, until))
+            if c._last_pull_at not in times and c._last_pull_at > -1.0:
+                times.append(c._last_pull_at)
+        return times
+
+    times = pull_times(s.now + 200)
+    gaps = [round(y - x, 3) for x, y in zip(times, times[1:])]
+    # no answer was news (4 peers), so no bursts: 4, 8, 16, then 16 s apart
+    assert gaps[:3] == [2 * base, 4 * base, 8 * base], gaps
+    assert set(gaps[3:]) == {8 * base}, gaps
+    pulls = c.stats["pulls"]
+    acc, *eff = c.handle(s.now, Submit(JobRequest("sim", 2, work_s=30.0)))
+    assert c.stats["pulls"] == pulls + 1  # the last pull was more than an interval ago
+    assert any(isinstance(e, Send) and e.kind == "Gossip" for e in eff)
+    s.perform(c.id, eff)
+    t0 = s.now
+    times = pull_times(s.now + 20)
+    assert [round(y - x, 3) for x, y in zip(times, times[1:])] == [base] * (len(times) - 1) and len(times) >= 9
+    s.step_until(s.now + 200, stop=lambda: acc.job_id in s.finished)
+    assert s.finished[acc.job_id].ok and s.now - t0 < 100
+    times = pull_times(s.now + 100)
+    gaps = [round(y - x, 3) for x, y in zip(times, times[1:])]
+    # quiet again: the pull on the job's last interval came at the base
+    # interval, the next ones stretch up to 8x (4, 8, 16 s)
+    assert gaps == sorted(gaps) and gaps[0] <= 2 * base and gaps[-3:] == [8 * base] * 3, gaps
+    # another tenant's work keeps the swarm busy: once our view shows a busy
+    # slot, our pulls go back to the base interval, idle as we are (they
+    # are how we learn which peers go free for our next job)
+    other = s.add_client(1)
+    busy = s.submit(other, JobRequest("sim", 2, work_s=200.0))
+    times = pull_times(s.now + 60)
+    assert c.view.capacity(s.now)[2] > 0 and not c._active and busy not in s.finished
+    gaps = [round(y - x, 3) for x, y in zip(times, times[1:])]
+    assert len(gaps) >= 10 and gaps[-10:] == [base] * 10, gaps
 
 
 def test_a_client_learns_a_large_swarm_in_a_burst_of_pulls_and_then_stops() -> None:

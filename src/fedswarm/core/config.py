@@ -39,16 +39,19 @@ class PeerConfig:
     gossip_entries: int = 8
     state_ttl_s: float = 30.0
     state_refresh_s: float = 10.0
-    # quiet gossip: while idle (no lease, no pending result, not leaving) with
-    # an unchanged state, each push round doubles the push interval, the state
-    # refresh and the TTL our state advertises, up to this factor (1: off).
-    # A crashed peer leaves every view within state_ttl_s * gossip_quiet_max.
-    # Off by default: on (8), an idle swarm sends 4.1x fewer messages (5.5x
-    # with the client's idle_pull off too), but views heal slowly after a
-    # partition: 124 of 2,450 pairs still apart 80 s after a 20 s split
-    # heals, against none 20 s after; and as a default it was tried and did
-    # not hold up (docs/netsim.md, 2026-12-05)
-    gossip_quiet_max: int = 1
+    # quiet gossip (issue 23): while idle (no lease, no pending result, not
+    # leaving) with an unchanged state, each push round doubles the push
+    # interval, up to this factor (1: off), and a quiet round pushes to one
+    # peer with 2 * gossip_fanout * gossip_entries entries. An idle peer's
+    # state advertises state_ttl_s and is refreshed every state_refresh_s,
+    # both times this factor (from its start); a busy peer's, the base ones.
+    # Bounds: a crashed idle peer leaves every view within
+    # state_ttl_s * gossip_quiet_max (a busy one within state_ttl_s; its
+    # shards are caught by their leases); a quiet peer's state crosses a
+    # healed split with its next state_refresh_s * gossip_quiet_max refresh.
+    # 8 (with the clients' quiet pulls): an idle swarm sends 7.5x fewer
+    # messages than with both off (churn-200, idle-10 trace; docs/netsim.md)
+    gossip_quiet_max: int = 8
     gossip_probe_rate: float = 0.1  # per round: ask a lost or bootstrap peer for its view
     max_view: int = 1024
     join_pull: int = 255  # view entries asked of each bootstrap peer on start (<= 255)
@@ -124,6 +127,14 @@ class ClientConfig:
     # being auctioned, plus once on submit (unless a pull went out within the
     # interval), so an idle tenant costs the swarm no messages (issue 23)
     idle_pull: bool = True
+    # quiet pulls: while no job of ours is unfinished and our view shows no
+    # busy slot and no model span served (an idle swarm; an LLM client's
+    # routes follow the spans), each pull doubles the interval to the next,
+    # up to this factor of gossip_interval_s (1: off); a submit brings it
+    # back to the base interval, with a pull at once unless one went out
+    # within gossip_interval_s (issue 23: ten idle tenants pulling every
+    # interval were a quarter of an idle swarm's messages)
+    pull_quiet_max: int = 8
     pull_entries: int = 255  # view entries asked of a peer per gossip pull (<= 255)
     # a pull whose answer held at least this share of peers new to the view
     # (of the entries asked for, or of those sent when the peer had fewer) is
@@ -167,6 +178,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.pull_entries <= 255:
             raise ValueError("pull_entries must be in [0, 255]")
+        if self.pull_quiet_max < 1:
+            raise ValueError("pull_quiet_max must be >= 1")
         if not 0.0 <= self.pull_again_share <= 1.0:
             raise ValueError("pull_again_share must be in [0, 1]")
         if self.rank_max < 0:
