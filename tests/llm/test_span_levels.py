@@ -18,14 +18,9 @@ from fedswarm.llm_protocol import decode, encode, pack_tensor
 from fedswarm.llm_serving import ServerLimits, start_block_server
 from fedswarm.net.memory import MemoryNetwork
 from fedswarm.testing import ident
+from helpers import until
 
 POWER = PowerModel(idle_w=40.0, max_w=250.0, alpha=2.5, levels=(0.5, 0.75, 1.0))
-
-
-async def until(pred, what: str, timeout: float = 20.0) -> None:
-    with trio.fail_after(timeout):
-        while not pred():
-            await trio.sleep(0.01)
 
 
 def test_span_level_follows_demand_through_the_server(tiny_dir):
@@ -39,7 +34,7 @@ def test_span_level_follows_demand_through_the_server(tiny_dir):
                                            nursery=n, on_level=levels.append,
                                            limits=ServerLimits(max_batch=1))
             srv.core.level_every_s = 0.05
-            await until(lambda: levels, "a first level")
+            await until(lambda: levels, 20.0)  # a first level
             assert levels == [0.5]  # nothing to serve: the level a unit of work is cheapest at
             assert srv.info()["energy"] == {"level": 0.5, "demand": 0.0, "level_changes": 1, "power_model": True}
 
@@ -54,7 +49,7 @@ def test_span_level_follows_demand_through_the_server(tiny_dir):
                 for i in range(4):
                     clients.start_soon(session, i)
             assert srv.info()["energy"]["demand"] > 0  # the forwards were recorded
-            await until(lambda: levels[-1] == 1.0, "full clock for waiting steps")
+            await until(lambda: levels[-1] == 1.0, 20.0)  # full clock for waiting steps
             n.cancel_scope.cancel()
 
     trio.run(main)

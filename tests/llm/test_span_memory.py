@@ -17,6 +17,7 @@ from fedswarm.core.spans import PlacementPolicy
 from fedswarm.llm_serving import served_gaps, start_block_server
 from fedswarm.net.memory import MemoryNetwork
 from fedswarm.runtime.agent import Agent
+from helpers import until
 from llm_swarm_helpers import ident
 
 POLICY = PlacementPolicy(n_blocks=2, tick_s=0.2, patience_s=1.0, probe_timeout_s=0.5, min_dwell_s=600.0)
@@ -24,12 +25,6 @@ POLICY = PlacementPolicy(n_blocks=2, tick_s=0.2, patience_s=1.0, probe_timeout_s
 
 def gaps(servers) -> list[int]:
     return served_gaps([{"spans": s.span_rows()} for s in servers], 4)
-
-
-async def until(pred, timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while not pred():
-            await trio.sleep(0.02)
 
 
 def test_auto_peers_started_together_spread_and_close_a_gap(tiny_dir):
