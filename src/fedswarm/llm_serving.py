@@ -126,6 +126,11 @@ class _Item:
     batch: int = 0  # sessions in the forward that computed it
     tenant: str = ""
     weight: float = 1.0
+    #: a forwarded step: called in the worker thread with ``result`` to send
+    #: it on to the route's next hop (or the client) at once; what it returns
+    #: (a ``Sent``, or None when it could not) goes in ``sent``
+    after: Callable[[bytes], Any] | None = None
+    sent: Any = None
 
 
 def _bytes_per_pos(span: LlamaBlockSpan) -> int:
@@ -179,8 +184,11 @@ class BlockServer:
         self._tenants: dict[tuple[str, bytes], str] = {}  # (owner, session id) -> its tenant
         #: forwarded: steps passed on to the next hop; pushed: outputs sent
         #: to the client; refused: requests refused for their route,
-        #: delegation, hidden state or session id (by code in stats.by_error)
-        self.forwarding = {"forwarded": 0, "forward_failures": 0, "pushed": 0, "push_failures": 0, "refused": 0}
+        #: delegation, hidden state or session id (by code in stats.by_error);
+        #: from_worker: forwarded steps and pushes the worker thread wrote on a
+        #: lane itself, the moment the forward ended (``_sender``)
+        self.forwarding = {"forwarded": 0, "forward_failures": 0, "pushed": 0, "push_failures": 0, "refused": 0,
+                           "from_worker": 0}
         self.limits = limits or ServerLimits()
         self.clock = clock
         self.max_frame = max_frame
@@ -424,7 +432,14 @@ class BlockServer:
             raise WireError(r.code, r.detail)
         s.cache.truncate(pos)  # a no-op unless the client is retrying a step
         item = _Item(adm.key, s, hidden.to(self._dtype), tenant=tenant, weight=weight)
-        t0 = await self._compute_items([item], [t])
+        if deleg is not None:
+            item.after = self._sender(deleg, hop_i, msg, t)
+        try:
+            t0 = await self._compute_items([item], [t])
+        except BaseException:
+            if item.sent is not None:  # sent, but this step failed here: nobody awaits the answer
+                item.sent.forget()
+            raise
         self.stats.tokens += t
         self._answered(t, t0, item.batch)
         out = {"dtype": self.dtype_name, "shape": [t, self.hidden_size], "data": item.result}
@@ -435,9 +450,9 @@ class BlockServer:
             # (which waits for nobody) after passing the step on, which keeps
             # fewer processes busy on the step's critical path
             if self.nursery is not None and hop_i == 0:
-                await self.nursery.start(self._pass_on, deleg, hop_i, msg, out)
+                await self.nursery.start(self._pass_on, deleg, hop_i, msg, out, item.sent)
             else:
-                await self._pass_on(deleg, hop_i, msg, out)
+                await self._pass_on(deleg, hop_i, msg, out, item.sent)
             if sender != deleg.client:  # the previous hop: our output went to the client
                 return {"ok": True, "length": length}
         return {"ok": True, "hidden": out, "length": length}
@@ -484,29 +499,63 @@ class BlockServer:
             self._tenants = {k: v for k, v in self._tenants.items() if k in live}
         self._tenants[(owner, sid)] = tenant
 
-    async def _pass_on(self, d: Delegation, i: int, msg: dict[str, Any], out: dict[str, Any], *,
+    def _onward(self, d: Delegation, i: int, msg: dict[str, Any], out: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+        """Where our output of a forwarded step goes, and the message: the
+        same ``forward`` with our output to the route's next hop, or, from the
+        last hop, an ``out`` with every hop's output to the client."""
+        prior = [*msg.get("outs", ()), msg["hidden"]] if i > 0 else []
+        if i + 1 >= len(d.route):
+            return d.client, OUT_PROTOCOL, {
+                "v": WIRE_VERSION, "op": "out", "model": self.model_hash, "session": d.session, "pos": msg["pos"],
+                "span": [d.route[i][1], d.route[i][2]], "hidden": out, "outs": prior}
+        peer, a, b = d.route[i + 1]
+        return peer, PROTOCOL, {**msg, "span": [a, b], "hidden": out, "outs": prior}
+
+    def _sender(self, d: Delegation, i: int, msg: dict[str, Any], t: int) -> Callable[[bytes], Any] | None:
+        """For a forwarded step: a function the worker thread calls with our
+        output the moment the forward ends, which writes the onward message on
+        the lane to its receiver (the transport's ``thread_sender``), so the
+        step does not wait for the event loop to wake first. None without a
+        live lane there (then ``_pass_on`` sends it from the event loop)."""
+        make = getattr(self.transport, "thread_sender", None)
+        if make is None:
+            return None
+        last = i + 1 >= len(d.route)
+        send = make(d.client if last else d.route[i + 1][0], OUT_PROTOCOL if last else PROTOCOL)
+        if send is None:
+            return None
+        shape, dtype = [t, self.hidden_size], self.dtype_name
+
+        def after(result: bytes) -> Any:
+            return send(encode(self._onward(d, i, msg, {"dtype": dtype, "shape": shape, "data": result})[2]))
+
+        return after
+
+    async def _pass_on(self, d: Delegation, i: int, msg: dict[str, Any], out: dict[str, Any], sent: Any = None, *,
                        task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """After our part of a forwarded step: send the same ``forward`` with
         our output to the route's next hop, carrying the outputs of the hops
         before us (``outs``), so that the last hop can send the client every
-        hop's output in one ``out`` message. When the next hop cannot be
-        reached or refuses, the client gets the outputs so far and the error,
-        and drives that hop itself. Never raises."""
+        hop's output in one ``out`` message (``_onward``). ``sent``: the
+        worker thread already wrote that message (``_sender``); only its
+        answer is awaited. When the next hop cannot be reached or refuses,
+        the client gets the outputs so far and the error, and drives that hop
+        itself. Never raises."""
         told = False
         try:
-            prior = [*msg.get("outs", ()), msg["hidden"]] if i > 0 else []
-            base = {"v": WIRE_VERSION, "op": "out", "model": self.model_hash, "session": d.session, "pos": msg["pos"]}
+            peer, protocol, onward = self._onward(d, i, msg, out)
+            if sent is not None:
+                self.forwarding["from_worker"] += 1
             told = True
             task_status.started()  # the caller answers once we block (the request below is written)
-            if i + 1 >= len(d.route):
-                await self._push(d.client, {**base, "span": [d.route[i][1], d.route[i][2]], "hidden": out,
-                                            "outs": prior})
+            if protocol == OUT_PROTOCOL:
+                await self._push(d.client, onward, sent)
                 return
-            peer, a, b = d.route[i + 1]
             try:
-                raw = await self.transport.request(peer, PROTOCOL, encode({**msg, "span": [a, b], "hidden": out,
-                                                                           "outs": prior}),
-                                                   timeout=self.forward_timeout)
+                if sent is not None:
+                    raw = await self.transport.sent_answer(peer, sent, timeout=self.forward_timeout)
+                else:
+                    raw = await self.transport.request(peer, PROTOCOL, encode(onward), timeout=self.forward_timeout)
                 resp = decode(raw)
                 why = "" if resp.get("ok") is True else f"{resp.get('error')}: {str(resp.get('detail', ''))}"
             except Exception as exc:  # unreachable, timed out, garbled, too large: the client drives it
@@ -515,16 +564,21 @@ class BlockServer:
                 self.forwarding["forwarded"] += 1
                 return
             self.forwarding["forward_failures"] += 1
-            await self._push(d.client, {**base, "span": [a, b], "outs": [*prior, out], "error": "forward-failed",
+            await self._push(d.client, {"v": WIRE_VERSION, "op": "out", "model": self.model_hash,
+                                        "session": d.session, "pos": msg["pos"], "span": onward["span"],
+                                        "outs": [*onward["outs"], out], "error": "forward-failed",
                                         "detail": why[:300]})
         except Exception:  # a bug here must not take the peer (or its nursery) down
             log.exception("passing a forwarded step on failed")
             if not told:
                 task_status.started()
 
-    async def _push(self, client: str, m: dict[str, Any]) -> None:
+    async def _push(self, client: str, m: dict[str, Any], sent: Any = None) -> None:
         try:
-            raw = await self.transport.request(client, OUT_PROTOCOL, encode(m), timeout=self.forward_timeout)
+            if sent is not None:
+                raw = await self.transport.sent_answer(client, sent, timeout=self.forward_timeout)
+            else:
+                raw = await self.transport.request(client, OUT_PROTOCOL, encode(m), timeout=self.forward_timeout)
             ok = decode(raw).get("ok") is True
         except (TransportError, WireError):
             ok = False
@@ -632,14 +686,21 @@ class BlockServer:
                 it.error = type(exc).__name__
             return 0.0
         finally:
-            self.stats.compute_s += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self.stats.compute_s += took
+        for it in live:  # forwarded steps go on from here, not after a trip through the event loop
+            if it.after is not None and it.result is not None:
+                try:
+                    it.sent = it.after(it.result)
+                except Exception:  # then the event loop sends it
+                    log.exception("sending a forwarded step from the worker failed")
         n = len(live)
         self.stats.forwards += 1
         self.stats.steps += n
         if n > 1:
             self.stats.batched_steps += n
         self.stats.max_batch = max(self.stats.max_batch, n)
-        return time.perf_counter() - t0
+        return took
 
 
 # ----------------------------------------------------------------- spans

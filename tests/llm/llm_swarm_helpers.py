@@ -4,7 +4,7 @@ and the Hugging Face reference."""
 from __future__ import annotations
 
 import random
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -17,6 +17,7 @@ from fedswarm.core.identity import Identity
 from fedswarm.core.peer import PeerCore
 from fedswarm.llm_client import SwarmLLM
 from fedswarm.llm_serving import BlockServer, ServerLimits, start_block_server
+from fedswarm.net.libp2p import open_libp2p_transport
 from fedswarm.net.memory import MemoryNetwork
 from fedswarm.runtime.agent import Agent
 from fedswarm.tasks.checkpoint import load_client_head, model_hash
@@ -28,7 +29,7 @@ def ident(i: int) -> Identity:
 
 @dataclass
 class MemSwarm:
-    net: MemoryNetwork
+    net: MemoryNetwork | None
     servers: list[BlockServer]
     peer_ids: list[str]
     llm: SwarmLLM
@@ -40,27 +41,39 @@ class MemSwarm:
 
 @asynccontextmanager
 async def memory_swarm(model_dir: Any, blocks: list[str], *, limits: ServerLimits | None = None,
-                       forwarding: bool = False, **llm_kw: Any) -> AsyncIterator[MemSwarm]:
+                       forwarding: bool = False, libp2p: bool = False, **llm_kw: Any) -> AsyncIterator[MemSwarm]:
     """Peers serving ``blocks`` (e.g. ["0:2", "2:4"]) and a client, in one trio run.
 
     ``forwarding``: the peers pass forwarded steps on from their nursery (as
-    ``peer start`` does) and the client's ``SwarmLLM`` has its key (forwarding on)."""
+    ``peer start`` does) and the client's ``SwarmLLM`` has its key (forwarding on).
+    ``libp2p``: real py-libp2p transports on 127.0.0.1, with direct lanes,
+    instead of the in-memory network (``net`` is then None)."""
     net = MemoryNetwork()
     ids = [ident(i) for i in range(len(blocks))]
     servers = []
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+        first: list[str] = []
+
+        async def transport(idn: Identity) -> Any:
+            if not libp2p:
+                return net.add(idn)
+            t = await stack.enter_async_context(open_libp2p_transport(idn, bootstrap=first))
+            if not first:  # the others dial the first peer
+                first.extend(t.listen_addrs())
+            return t
+
         for i, (idn, b) in enumerate(zip(ids, blocks)):
-            t = net.add(idn)
+            t = await transport(idn)
             core = PeerCore(idn, PeerConfig(bootstrap=(ids[0].peer_id,)), random.Random(i))
             servers.append(await start_block_server(t, core, model_dir, b, limits=limits, return_server=True,
                                                     nursery=nursery if forwarding else None))
             await nursery.start(Agent(core, t).run)
         cid = ident(1000)
-        async with open_client(net.add(cid), cid, bootstrap=[ids[0].peer_id], seed=1) as client:
+        async with open_client(await transport(cid), cid, bootstrap=[ids[0].peer_id], seed=1) as client:
             llm = SwarmLLM(client.agent.transport, lambda: client.core.view.live(client.agent.now()),
                            load_client_head(model_dir), model_hash(model_dir),
                            **({"identity": cid} if forwarding else {}), **llm_kw)
-            yield MemSwarm(net, servers, [i.peer_id for i in ids], llm, client)
+            yield MemSwarm(None if libp2p else net, servers, [i.peer_id for i in ids], llm, client)
         nursery.cancel_scope.cancel()
 
 

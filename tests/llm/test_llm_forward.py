@@ -45,10 +45,12 @@ N_NEW = 14
 
 
 @asynccontextmanager
-async def forwarding_swarm(model_dir: Any, blocks: list[str]) -> AsyncIterator[Any]:
-    """The shared in-memory swarm with forwarding on, and beside its ``fwd``
-    client a ``plain`` (client-driven) one on the same transport."""
-    async with memory_swarm(model_dir, blocks, forwarding=True, spot_check_rate=0.0, request_timeout=5.0) as s:
+async def forwarding_swarm(model_dir: Any, blocks: list[str], *, libp2p: bool = False) -> AsyncIterator[Any]:
+    """The shared in-memory swarm (``libp2p``: on py-libp2p) with forwarding
+    on, and beside its ``fwd`` client a ``plain`` (client-driven) one on the
+    same transport."""
+    async with memory_swarm(model_dir, blocks, forwarding=True, libp2p=libp2p, spot_check_rate=0.0,
+                            request_timeout=5.0) as s:
         c = s.client
         plain = SwarmLLM(c.agent.transport, lambda: c.core.view.live(c.agent.now()), load_client_head(model_dir),
                          model_hash(model_dir), spot_check_rate=0.0, request_timeout=5.0, forward=False)
@@ -86,6 +88,45 @@ def test_forwarded_tokens_equal_client_driven(tiny_dir):
             assert last.forwarding["pushed"] == N_NEW - 1 and last.forwarding["forwarded"] == 0
             assert first.forwarding["pushed"] == mid.forwarding["pushed"] == 0
             assert all(srv.sessions == {} for srv in s["servers"])  # the client closed them
+
+    trio.run(main)
+
+
+def test_forwarded_steps_leave_from_the_worker_thread_on_lanes(tiny_dir):
+    """Over real py-libp2p transports with direct lanes, each hop's worker
+    thread writes the step's output to the next hop (and the last hop's to
+    the client) the moment its forward ends. The tokens are those of the
+    client-driven run, and once the lanes are up every forwarded step and
+    push went that way."""
+
+    async def main():
+        async with forwarding_swarm(tiny_dir, ["0:1", "1:3", "3:4"], libp2p=True) as s:
+            await views_complete(s)
+            ref = await s["plain"].generate(PROMPT, N_NEW, greedy=True)
+            first, mid, last = s["servers"]
+            fwd = s["fwd"]
+
+            async def settled() -> list[dict[str, int]]:
+                """The servers' counters once every forwarded step so far
+                has been answered (they count after the answer)."""
+                with trio.fail_after(10):
+                    while not (first.forwarding["forwarded"] == mid.forwarding["forwarded"]
+                               == last.forwarding["pushed"] == fwd.forward_stats["complete"]):
+                        await trio.sleep(0.01)
+                return [dict(srv.forwarding) for srv in s["servers"]]
+
+            # the client's and the peers' lanes to each other are up
+            with trio.fail_after(10):
+                while not (first.transport.lanes_live() >= 2 and mid.transport.lanes_live() >= 2
+                           and last.transport.lanes_live() >= 2):
+                    await fwd.generate(PROMPT, 2, greedy=True)
+            before = await settled()
+            got = await fwd.generate(PROMPT, N_NEW, greedy=True)
+            assert got.token_ids == ref.token_ids and got.recoveries == []
+            d = [{k: v - b[k] for k, v in now.items()} for now, b in zip(await settled(), before)]
+            assert d[0]["forwarded"] == d[1]["forwarded"] == d[2]["pushed"] == N_NEW - 1, d
+            assert [x["from_worker"] for x in d] == [N_NEW - 1] * 3, d
+            assert all(x["forward_failures"] == x["push_failures"] == 0 for x in d), d
 
     trio.run(main)
 

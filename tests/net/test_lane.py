@@ -186,6 +186,67 @@ def test_a_lane_that_breaks_fails_the_request_in_flight_and_a_new_one_opens() ->
     trio.run(main)
 
 
+def test_a_worker_thread_writes_requests_on_the_lane_in_order_with_the_loops_own() -> None:
+    """``thread_sender``: a worker thread writes a request on the lane itself
+    (a served model's step output, sent the moment its forward ends). Its
+    frames interleave with the event loop's requests on the same lane under
+    one nonce sequence, every answer reaches its caller, and without a lane
+    there is nothing to write with (the caller sends as usual)."""
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a, b = await _pair(stack)
+            seen: list[str] = []
+            b.set_request_handler(LLM, _tagged(seen))
+            b.set_request_handler(ECHO, _tagged(seen))
+            assert a.thread_sender(b.peer_id, ECHO) is None  # not a lane protocol
+            assert a.thread_sender(b.peer_id, LLM) is None  # no lane yet: asking opens one
+            await until(lambda: a.lanes_live() == 1 and b.lanes_live() == 1)
+            send = a.thread_sender(b.peer_id, LLM)
+            assert send is not None
+            before = a.statistics().lane_requests_out
+            got: dict[str, bytes] = {}
+
+            def burst(tag: str) -> list:
+                return [send(f"{tag}{i}".encode() * 100) for i in range(20)]
+
+            async def loop_side() -> None:
+                for i in range(20):
+                    got[f"l{i}"] = await a.request(b.peer_id, LLM, f"l{i}".encode() * 100, timeout=10)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(loop_side)
+                sent = await trio.to_thread.run_sync(burst, "t")
+                n.start_soon(loop_side)
+            assert all(x is not None for x in sent)  # the thread waited out the loop's writes
+            for i, x in enumerate(sent):
+                assert await a.sent_answer(b.peer_id, x, timeout=10) == b"re:" + f"t{i}".encode() * 100
+            assert got == {f"l{i}": b"re:" + f"l{i}".encode() * 100 for i in range(20)}
+            assert a.statistics().lane_requests_out == before + 60
+            assert a.lanes_live() == 1 and b.statistics().lane_failures == 0 and set(seen) == {a.peer_id}
+            assert send(b"x" * (a.config.max_frame + 1)) is None  # too large: sent the usual way (and refused)
+
+            # the lane breaks after a thread wrote: its answer fails as a lane
+            # request in flight does, never by waiting for the timeout
+            entered = trio.Event()
+
+            async def hang(sender: str, data: bytes) -> bytes:
+                entered.set()
+                await trio.sleep_forever()
+                return b""
+
+            b.set_request_handler(LLM, hang)
+            x = await trio.to_thread.run_sync(send, b"hang")
+            assert x is not None
+            await entered.wait()
+            b._lanes.close()
+            with pytest.raises(PeerUnreachable, match="lane broke"):
+                await a.sent_answer(b.peer_id, x, timeout=10)
+            await until(lambda: a.lanes_live() == 0)
+            assert await trio.to_thread.run_sync(send, b"late") is None  # that lane is gone
+
+    trio.run(main)
+
+
 async def _raw(port: int) -> trio.SocketStream:
     return await trio.open_tcp_stream("127.0.0.1", port)
 

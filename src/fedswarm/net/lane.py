@@ -61,9 +61,14 @@ not one per request.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import secrets
+import select
 import struct
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -75,7 +80,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from ..errors import PeerUnreachable
 from ..runtime.ports import RequestHandler
 
-__all__ = ["LANE_PROTOCOL", "LaneConfig", "Lanes", "LaneDown"]
+__all__ = ["LANE_PROTOCOL", "LaneConfig", "Lanes", "LaneDown", "Sent"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,37 @@ class _Wait:
         self.data = b""
 
 
+class Sent:
+    """A request that a worker thread wrote on a lane
+    (``_Lane.send_from_thread``); the event loop awaits its answer with
+    ``answer``, which raises as ``_Lane.request`` does (``LaneDown`` with
+    ``sent=True``, ``PeerUnreachable``)."""
+
+    __slots__ = ("lane", "protocol", "rid", "wait", "size", "frames_before", "broken")
+
+    def __init__(self, lane: "_Lane", protocol: str, rid: int, wait: _Wait, size: int) -> None:
+        self.lane = lane
+        self.protocol = protocol
+        self.rid = rid
+        self.wait = wait
+        self.size = size
+        self.frames_before = lane.frames_in
+        self.broken: str | None = None
+
+    async def answer(self) -> bytes:
+        try:
+            if self.broken is not None:
+                raise LaneDown(self.broken, sent=True)
+            await self.wait.event.wait()
+        finally:
+            self.lane._waiting.pop(self.rid, None)
+        return self.lane._outcome(self.protocol, self.wait)
+
+    def forget(self) -> None:
+        """Nobody will await the answer (it is dropped when it comes)."""
+        self.lane._waiting.pop(self.rid, None)
+
+
 class _Lane:
     """One sealed TCP connection to one peer, carrying requests both ways."""
 
@@ -146,7 +182,12 @@ class _Lane:
         self._tx_n = 0
         self._rx_n = 0
         self._wlock = trio.Lock()
-        self._next_id = 0
+        # held while a frame is sealed and written, by the event loop (under
+        # _wlock, across the write's awaits) or by a worker thread
+        # (``send_from_thread``, which only tries it): one frame at a time, in
+        # nonce order. Reentrant: a failed write kills the lane under it.
+        self._tlock = threading.RLock()
+        self._ids = itertools.count(1)  # next() is atomic: threads take ids too
         self._waiting: dict[int, _Wait] = {}
         self._owner = owner
         self._inflight = trio.Semaphore(owner.config.max_inflight)
@@ -158,23 +199,27 @@ class _Lane:
         self.frames_in = 0
 
     # -- writing ---------------------------------------------------------------
+    def _frame(self, plain: bytes) -> bytes:
+        """Seal ``plain`` as the next frame (call with ``_tlock`` held)."""
+        n = self._tx_n
+        self._tx_n = n + 1
+        hdr = _HDR.pack(len(plain) + TAG_BYTES)
+        return hdr + self._seal(self._tx + n.to_bytes(8, "big"), plain, hdr)
+
     async def write(self, plain: bytes) -> None:
         async with self._wlock:
-            if not self.alive:
-                raise LaneDown("lane closed", sent=False)
-            n = self._tx_n
-            self._tx_n = n + 1
-            hdr = _HDR.pack(len(plain) + TAG_BYTES)
-            sealed = self._seal(self._tx + n.to_bytes(8, "big"), plain, hdr)
-            try:
-                await self.stream.send_all(hdr + sealed)
-            except BaseException:
-                # part of the frame may be on the wire: nothing after it can be
-                self.kill()
-                raise
+            with self._tlock:
+                if not self.alive:
+                    raise LaneDown("lane closed", sent=False)
+                try:
+                    await self.stream.send_all(self._frame(plain))
+                except BaseException:
+                    # part of the frame may be on the wire: nothing after it can be
+                    self.kill()
+                    raise
 
     async def request(self, protocol: str, data: bytes) -> bytes:
-        self._next_id = rid = (self._next_id + 1) & 0xFFFFFFFF
+        rid = next(self._ids) & 0xFFFFFFFF
         wait = self._waiting[rid] = _Wait()
         p = protocol.encode()
         try:
@@ -185,12 +230,59 @@ class _Lane:
             await wait.event.wait()
         finally:
             self._waiting.pop(rid, None)
+        return self._outcome(protocol, wait)
+
+    def _outcome(self, protocol: str, wait: _Wait) -> bytes:
         if wait.kind == RESP:
             return wait.data
         if wait.kind == ERR:
             raise PeerUnreachable(f"{protocol} on the lane to {self.peer[:16]}: "
                                   f"{wait.data.decode(errors='replace')}")
         raise LaneDown("lane closed while waiting", sent=True)
+
+    def send_from_thread(self, protocol: str, data: bytes, *, write_timeout: float = 1.0) -> "Sent | None":
+        """A worker thread writes a request on this lane itself, without a
+        trip through the event loop: the step's output leaves the moment the
+        forward that made it ends (docs/llm.md, "Direct lanes"). Returns the
+        request's handle, whose answer the event loop awaits later
+        (``Sent.answer``); None when the lane is closed, or the event loop
+        has been writing on it for ``write_timeout`` (a full socket): the
+        caller then sends as usual, nothing was written. A frame that cannot
+        be written whole within ``write_timeout`` ends the lane, as a failed
+        write does."""
+        if not self.alive or not self._tlock.acquire(timeout=write_timeout):
+            return None
+        try:
+            if not self.alive:
+                return None
+            rid = next(self._ids) & 0xFFFFFFFF
+            p = protocol.encode()
+            wait = _Wait()
+            self._waiting[rid] = wait  # before the frame leaves: its answer may come at once
+            sent = Sent(self, protocol, rid, wait, len(data))
+            view = memoryview(self._frame(_BODY.pack(REQ, rid, len(p)) + p + data))
+            fd = self.stream.socket.fileno()
+            deadline = time.monotonic() + write_timeout
+            try:
+                while view:
+                    try:
+                        view = view[os.write(fd, view):]
+                        continue
+                    except BlockingIOError:
+                        pass
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [fd], [], left)[1]:
+                        raise TimeoutError("the lane's socket stayed full")
+            except OSError as exc:
+                # part of the frame may be on the wire: the lane must end (in
+                # the event loop, which owns it); the request failed after
+                # leaving, as a failed write on the loop does
+                self.alive = False
+                self._owner.kill_soon(self)
+                sent.broken = f"write failed: {exc!r}"
+            return sent
+        finally:
+            self._tlock.release()
 
     async def reply(self, rid: int, kind: int, data: bytes) -> None:
         with trio.move_on_after(self._owner.config.send_timeout_s) as scope:
@@ -270,9 +362,10 @@ class _Lane:
         return False
 
     def kill(self) -> None:
-        if not self.alive:
-            return
-        self.alive = False
+        with self._tlock:  # not while a worker thread writes on the socket
+            if not self.alive and self not in self._owner._all:
+                return
+            self.alive = False
         self._owner.forget(self)
         for wait in self._waiting.values():
             wait.event.set()  # kind -1: LaneDown
@@ -318,6 +411,7 @@ class Lanes:
         self._pending = 0  # accepted connections that have not shown a ticket yet
         self._opening: set[str] = set()
         self._retry: dict[str, tuple[float, float]] = {}  # peer -> (not before, backoff)
+        self._token = trio.lowlevel.current_trio_token()  # worker threads end lanes through it
 
     def count(self, name: str) -> None:
         setattr(self._c, name, getattr(self._c, name) + 1)
@@ -469,6 +563,13 @@ class Lanes:
         self._all[lane] = None
         if current:
             self._lanes[lane.peer] = lane
+
+    def kill_soon(self, lane: _Lane) -> None:
+        """From a worker thread: end ``lane`` in the event loop."""
+        try:
+            self._token.run_sync_soon(lane.kill)
+        except trio.RunFinishedError:
+            pass
 
     def forget(self, lane: _Lane) -> None:
         self._all.pop(lane, None)

@@ -89,7 +89,7 @@ import os
 import struct
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, fields, make_dataclass
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import multiaddr
 import trio
@@ -120,7 +120,7 @@ import msgpack
 from ..core.identity import Identity
 from ..errors import LocalProtocolError, PeerUnreachable, TransportTimeout
 from .addrs import advertised_addrs, check_tcp_free, parse_listen_maddr
-from .lane import LANE_PROTOCOL, LaneConfig, LaneDown, Lanes
+from .lane import LANE_PROTOCOL, LaneConfig, LaneDown, Lanes, Sent
 from ..runtime.ports import Incoming, RequestHandler
 
 __all__ = [
@@ -748,17 +748,27 @@ class Libp2pTransport:
         lane = self._lanes.get(peer_id)
         if lane is None:
             return None
-        frames_before = lane.frames_in
+        try:
+            return await self._lane_answer(lane, lane.frames_in, lane.request(protocol, data), peer_id,
+                                           protocol, len(data), timeout)
+        except LaneDown:  # it broke before the request left
+            return None
+
+    async def _lane_answer(self, lane: Any, frames_before: int, answer: Any, peer_id: str, protocol: str,
+                           size: int, timeout: float) -> bytes:
+        """Await a lane request's ``answer`` and count it; a ``LaneDown``
+        before the request left passes through."""
+        assert self._lanes is not None
         try:
             with trio.fail_after(timeout):
-                resp = await lane.request(protocol, data)
+                resp: bytes = await answer
         except trio.TooSlowError:
             self._c.request_timeouts += 1
             self._lanes.timed_out(lane, frames_before)
             raise TransportTimeout(f"request {protocol} to {peer_id[:16]} timed out") from None
         except LaneDown as exc:
             if not exc.sent:
-                return None
+                raise
             self._c.request_failures += 1
             raise PeerUnreachable(f"request {protocol} to {peer_id[:16]} failed: "
                                   f"the lane broke ({exc})") from None
@@ -766,8 +776,36 @@ class Libp2pTransport:
             self._c.request_failures += 1
             raise
         self._c.lane_requests_out += 1
-        self._count_round_trip(data, resp)
+        self._c.frames_out += 1
+        self._c.bytes_out += size
+        self._c.frames_in += 1
+        self._c.bytes_in += len(resp)
         return resp
+
+    def thread_sender(self, peer_id: str, protocol: str) -> Callable[[bytes], Sent | None] | None:
+        """For a request whose bytes a worker thread will make (a served
+        model's step output): a function that thread may call to write it on
+        the live lane to ``peer_id`` at once, returning a ``Sent`` for
+        ``sent_answer``, or None (nothing written: send it with ``request``).
+        None here when no lane to ``peer_id`` is up (asking opens one)."""
+        if self._closed or self._lanes is None or not self._lanes.carries(protocol):
+            return None
+        lane = self._lanes.get(peer_id)
+        if lane is None:
+            return None
+        max_frame = self.config.max_frame
+
+        def send(data: bytes) -> Sent | None:
+            return lane.send_from_thread(protocol, data) if len(data) <= max_frame else None
+
+        return send
+
+    async def sent_answer(self, peer_id: str, sent: Sent, *, timeout: float) -> bytes:
+        """The answer to a request a worker thread wrote (``thread_sender``);
+        raises as ``request`` does."""
+        self._c.requests_out += 1
+        return await self._lane_answer(sent.lane, sent.frames_before, sent.answer(), peer_id, sent.protocol,
+                                       sent.size, timeout)
 
     async def _serve_requests(self, protocol: str, stream) -> None:  # noqa: ANN001
         sender = stream.muxed_conn.peer_id.to_base58()
