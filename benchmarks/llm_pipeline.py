@@ -105,9 +105,11 @@ def local_run(d: Path, prompt: list[int], n_new: int, repeats: int) -> dict[str,
 
 # ----------------------------------------------------------------- swarm
 
-def start_swarm(workdir: Path, d: Path, blocks: list[str], lane: bool = True) -> LocalSwarm:
-    """Peers serving ``blocks`` (one span each); ``lane=False``: ``peer start --no-lane``."""
-    sw = LocalSwarm(len(blocks), workdir, torch_threads=1, extra_args=[] if lane else ["--no-lane"])
+def start_swarm(workdir: Path, d: Path, blocks: list[str], lane: bool = True, tree: Path | None = None) -> LocalSwarm:
+    """Peers serving ``blocks`` (one span each); ``lane=False``: ``peer start --no-lane``;
+    ``tree``: peers run another checkout's ``src`` (``--baseline-tree``)."""
+    sw = LocalSwarm(len(blocks), workdir, torch_threads=1, extra_args=[] if lane else ["--no-lane"],
+                    env={"PYTHONPATH": str(tree / "src")} if tree is not None else None)
     first = sw.start_peer(0, extra=["--serve-model", str(d), "--blocks", blocks[0]])
     sw.peers.append(first)
     rest = [sw.spawn_peer(i, bootstrap=[first.addr], extra=["--serve-model", str(d), "--blocks", b])
@@ -205,13 +207,16 @@ def bench_chain(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
 
 
 def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], prompt: list[int], n_new: int,
-                repeats: int) -> dict[str, Any]:
+                repeats: int, baseline: Path | None = None) -> dict[str, Any]:
     """The same chain twice at once: peers and client with direct lanes
     (``fedswarm.net.lane``) and with every request on py-libp2p
     (``--no-lane``). Generations take turns between the four setups (lanes
     or not, forwarding or not) after a warm-up of each, so a load spike hits
-    all of them alike. Medians of decode tok/s; tokens checked."""
-    swarms = {lane: start_swarm(tmp / f"lanes{len(blocks)}-{int(lane)}", d, blocks, lane) for lane in (False, True)}
+    all of them alike. Medians of decode tok/s; tokens checked.
+    ``baseline``: the second swarm has lanes too, but its peers run that
+    checkout's code (the "libp2p" keys then hold the baseline's figures)."""
+    swarms = {lane: start_swarm(tmp / f"lanes{len(blocks)}-{int(lane)}", d, blocks, lane or baseline is not None,
+                                tree=baseline if not lane else None) for lane in (False, True)}
     try:
         async def main() -> dict[str, Any]:
             out: dict[str, Any] = {}
@@ -225,7 +230,7 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
                     ready.set()
                     await done.wait()
 
-                await swarm_client(swarms[lane], d, head, mhash, body, lane=lane)
+                await swarm_client(swarms[lane], d, head, mhash, body, lane=lane or baseline is not None)
 
             done = trio.Event()
             async with trio.open_nursery() as n:
@@ -380,6 +385,9 @@ def main() -> int:
     ap.add_argument("--no-startup", action="store_true", help="skip the fresh-process start-up timings")
     ap.add_argument("--lanes", default="1,2,3", metavar="N,..",
                     help="chain lengths to run with direct lanes and without them side by side ('' : none)")
+    ap.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                    help="in the side-by-side runs, compare with peers running this checkout's code (both with "
+                         "lanes) instead of with py-libp2p alone, e.g. a `git worktree` of the previous commit")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -419,7 +427,8 @@ def main() -> int:
             print(f"  {n} peer(s) done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
         lanes: dict[str, Any] = {}
         for n in [int(x) for x in a.lanes.split(",") if x and int(x) <= layers]:
-            lanes[str(n)] = bench_lanes(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats)
+            lanes[str(n)] = bench_lanes(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats,
+                                        a.baseline_tree)
             print(f"  lanes against libp2p, {n} peer(s) done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
         rec = None if a.no_recovery else bench_recovery(tmp, d, head, mhash, layers, prompt, a.new)
     elapsed = time.perf_counter() - t_start
@@ -447,10 +456,13 @@ def main() -> int:
               f"{fs['refused']} refused; forwarding saves "
               f"{r['noforward']['added_ms_per_hop'] - r['added_ms_per_hop']:.2f} ms per hop")
     if lanes:
-        print(f"\ndirect lanes against py-libp2p, side by side (two swarms at once, generations taking turns; "
+        other = "baseline" if a.baseline_tree else "libp2p"
+        mine = "this tree" if a.baseline_tree else "lanes"
+        print(f"\n{'this tree against ' + str(a.baseline_tree) + ', both with lanes' if a.baseline_tree else 'direct lanes against py-libp2p'}"
+              f", side by side (two swarms at once, generations taking turns; "
               f"decode tok/s, x local, +ms/hop; local {local['tok_s']:.1f} tok/s)")
-        print(f"{'chain':<9} {'libp2p, forwarding':>24} {'lanes, forwarding':>24} {'libp2p, client hops':>24} "
-              f"{'lanes, client hops':>24}  tokens  lane requests")
+        print(f"{'chain':<9} {other + ', forwarding':>24} {mine + ', forwarding':>24} {other + ', client hops':>24} "
+              f"{mine + ', client hops':>24}  tokens  lane requests")
         for n, r in lanes.items():
             cells = []
             for k in ("libp2p-forward", "lanes-forward", "libp2p-client", "lanes-client"):
