@@ -78,6 +78,7 @@ from .llm_protocol import (
     WireError,
     decode,
     encode,
+    finite,
     pack_tensor,
     sign_delegation,
     unpack_tensor,
@@ -1024,9 +1025,9 @@ class _Inbox:
         failed = "error" in msg
         if sender != e.route[k - 1 if failed else k][0] or (not failed and k != len(spans) - 1):
             raise WireError("bad-request", "not from the route's hop for this span")
-        hs = [unpack_tensor(o, max_ndim=2) for o in outs[1:]] + ([] if failed else [unpack_tensor(msg["hidden"],
-                                                                                                  max_ndim=2)])
-        if any(tuple(h.shape) != (1, e.hidden_size) or not torch.isfinite(h).all() for h in hs):
+        packed = [*outs[1:], *([] if failed else [msg["hidden"]])]
+        hs = [unpack_tensor(o, max_ndim=2) for o in packed]
+        if any(tuple(h.shape) != (1, e.hidden_size) or not finite(o) for h, o in zip(hs, packed)):
             raise WireError("bad-request", f"outputs must be (1, {e.hidden_size}), finite")
         for sp, h in zip(spans[1:], hs):
             e.got[sp] = h

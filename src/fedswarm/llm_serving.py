@@ -81,6 +81,7 @@ from .llm_protocol import (
     decode,
     elem_bytes,
     encode,
+    finite,
     get_field,
     tenant_of,
     pack_tensor,
@@ -406,7 +407,7 @@ class BlockServer:
         t = hidden.shape[0]
         if not 1 <= t <= self.max_tokens:
             raise WireError("too-large", f"1..{self.max_tokens} tokens per request")
-        if not torch.isfinite(hidden).all():
+        if not finite(msg["hidden"]):
             raise BadHidden("bad-request", "hidden holds non-finite values")
         if deleg is not None and hop_i >= 2 and "outs" not in msg:
             raise BadHidden("bad-request", "a forwarded step past the second hop carries 'outs'")
@@ -601,7 +602,7 @@ class BlockServer:
         hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
         if tuple(hidden.shape) != (n, self.hidden_size):
             raise BadHidden("bad-request", f"hidden must be ({n}, {self.hidden_size})")
-        if not torch.isfinite(hidden).all():
+        if not finite(msg["hidden"]):
             raise BadHidden("bad-request", "hidden holds non-finite values")
         sessions: list[Session] = []
         for i, (sid, pos, ml) in enumerate(zip(sids, poss, lens)):

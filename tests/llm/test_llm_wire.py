@@ -8,7 +8,11 @@ import pytest
 import torch
 import trio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fedswarm.llm_client import Hop, find_route
+from fedswarm.llm_protocol import finite
 from fedswarm.llm_serving import (
     BlockServer,
     ServerLimits,
@@ -72,6 +76,21 @@ def test_tensor_codec_roundtrip_and_validation():
     ):
         with pytest.raises(WireError):
             unpack_tensor(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                          st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 65504.0, 65520.0, 3.4e38, -3.4e38])),
+                min_size=1, max_size=40))
+def test_finite_on_the_bytes_agrees_with_torch(dt, values):
+    """``finite`` reads each value's exponent bits off the wire bytes; it
+    must say what ``torch.isfinite`` says of the unpacked tensor, for every
+    wire dtype, subnormals, signed zeros and values that overflow the
+    narrower dtypes to inf included."""
+    x = torch.tensor(values, dtype=torch.float32).to(dt).reshape(1, -1)
+    v = pack_tensor(x)
+    assert finite(v) == bool(torch.isfinite(unpack_tensor(v)).all())
 
 
 def test_decode_is_strict():
