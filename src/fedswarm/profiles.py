@@ -36,6 +36,7 @@ Schema (every table optional except ``devices``; unknown keys are errors)::
     queue_policy = "rho"              # rho | share | fifo
     fairness_knob = 1.0
     race_to_idle = false
+    rerun_room = true                 # slow down only with room for a re-run
     max_backlog_s = inf               # optional
     tenant_cap_s = inf                # optional
 
@@ -148,6 +149,7 @@ _MAPPED = {
         "queue_policy": "queue_policy",
         "fairness_knob": "fairness_knob",
         "race_to_idle": "race_to_idle",
+        "rerun_room": "rerun_room",
         "max_backlog_s": "max_backlog_s",
         "tenant_cap_s": "tenant_cap_s",
         "ledger_tau_s": "ledger_tau_s",
@@ -170,7 +172,7 @@ _MAPPED = {
     },
 }
 _INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "join_pull", "gossip_quiet_max", "result_retries"}
-_BOOL_FIELDS = {"race_to_idle"}
+_BOOL_FIELDS = {"race_to_idle", "rerun_room"}
 _STR_FIELDS = {"queue_policy"}
 
 

@@ -320,22 +320,65 @@ def test_a_bid_from_a_peer_with_unseen_awards_is_floored_by_the_clients_own_repl
     assert took < 25.0
 
 
-def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_needs() -> None:
-    # peer runs shards twice as slowly as it expects, so the second shard
-    # starts later than its bid said: the slow clock it won with (0.6, fine
-    # at bid time) would now miss its deadline
-    s = MiniSwarm(1, seed=2, peer_config=lambda i: PeerConfig(slots=1, power=A100), client_config=ClientConfig(verify="none"),
-                  slow={0: 2.0})
+def _late_start_level(deadline_s: float, rerun_room: bool = True) -> float:
+    """The peer runs shards twice as slowly as it expects, so the second
+    shard (10 s of work, ``deadline_s``) starts about 20 s later than its
+    bid said; it won with the 0.6 clock. Returns the level it ran at."""
+    s = MiniSwarm(1, seed=2, peer_config=lambda i: PeerConfig(slots=1, power=A100, rerun_room=rerun_room),
+                  client_config=ClientConfig(verify="none"), slow={0: 2.0})
     c = s.add_client()
     s.step_until(s.now + 5)
     first = s.submit(c, JobRequest("sim", 1, work_s=20.0))
     s.step_until(s.now + 1)
-    late = s.submit(c, JobRequest("sim", 1, work_s=10.0, deadline_s=55.0, lam=0.01))
+    late = s.submit(c, JobRequest("sim", 1, work_s=10.0, deadline_s=deadline_s, lam=0.01))
     s.step_until(s.now + 3)
-    assert _levels(s, late) == {0.6}  # chosen at award time: 19 s wait + 16.7 s fits 0.8 x 55 s
+    assert _levels(s, late) == {0.6}  # chosen at award time
     s.step_until(s.now + 200, stop=lambda: late in s.finished)
+    assert s.finished[first].ok and s.finished[late].ok
     (run,) = [ended.effect for _, ended in s.ended if ended.key[1] == late]
-    assert run.level == 1.0
+    return run.level
+
+
+def test_a_slowed_shard_that_waited_too_long_starts_at_the_clock_its_deadline_needs() -> None:
+    # 0.6 won at award time (19 s wait + 16.7 s fits 0.8 x 55 s, and leaves
+    # room for an 8 s lease and a 10 s re-run: 53.7 s) but would now miss
+    # the deadline: it starts at full clock
+    assert _late_start_level(55.0) == 1.0
+
+
+def _bid_level(work_s: float, deadline_s: float, rerun_room: bool) -> float:
+    """The level one idle A100 peer's bid gives a shard with a deadline, once
+    an earlier award told it the lease its client grants (8 s)."""
+    s = MiniSwarm(1, seed=2, peer_config=lambda i: PeerConfig(slots=1, power=A100, rerun_room=rerun_room),
+                  client_config=ClientConfig(verify="none"))
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    warm = s.submit(c, JobRequest("sim", 1, work_s=1.0))
+    s.step_until(s.now + 30, stop=lambda: warm in s.finished)
+    (peer,) = s.peers.values()
+    assert peer._award_lease_s == ClientConfig().lease_s == 8.0
+    jid = s.submit(c, JobRequest("sim", 1, work_s=work_s, deadline_s=deadline_s, lam=0.01))
+    s.step_until(s.now + 3)
+    (level,) = _levels(s, jid)
+    return level
+
+
+def test_a_slowed_level_leaves_room_to_run_the_shard_again_after_a_crash() -> None:
+    # 10 s of work, a 33 s deadline: the 0.6 clock (16.7 s) fits 0.8 x 33 s,
+    # but a crash at its end, noticed 8 s later (the lease), leaves 10 s at
+    # full clock: 34.7 s > 33 s, so the peer races; with 40 s it slows down
+    assert _bid_level(10.0, 33.0, rerun_room=False) == 0.6
+    assert _bid_level(10.0, 33.0, rerun_room=True) == 1.0
+    assert _bid_level(10.0, 40.0, rerun_room=True) == 0.6
+
+
+def test_a_slowed_shard_that_lost_its_rerun_room_in_the_queue_starts_at_full_clock() -> None:
+    # as above with a 65 s deadline: it starts within 0.8 of the time left
+    # at 0.6, but a crash at the end of that run, noticed 8 s later, would
+    # leave too little for a 10 s re-run: it starts at full clock (without
+    # rerun_room, at 0.6)
+    assert _late_start_level(65.0, rerun_room=False) == 0.6
+    assert _late_start_level(65.0) == 1.0
 
 
 def _late_award_run(decline_late_s: float, b_work_s: float = 200.0,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
 
-from fedswarm.core.energy import DEADLINE_MARGIN, PowerModel, choose_level
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedswarm.core.energy import DEADLINE_MARGIN, PowerModel, choose_level, leaves_rerun_room
 from netsim.compare import run_policy
 from netsim.traces import convert_philly, replicate
 from netsim.workload import TraceJob, read_trace, write_trace
@@ -39,6 +42,48 @@ def test_idle_heavy_model_prefers_race_even_with_slack():
 def test_power_cap_holds():
     capped = PowerModel(idle_w=60.0, max_w=400.0, alpha=2.5, cap_w=250.0, levels=(0.6, 0.8, 1.0))
     assert choose_level(capped, 10.0, deadline_s=11.0).level <= 0.8
+
+
+def test_a_slowed_level_leaves_room_for_one_rerun_at_full_clock():
+    # the traced crash victims of window a/40: 69 s alone, a 207 s deadline,
+    # a 30 s lease. 0.6 (115 s) fits 0.8 x 207 s, but a crash at its end
+    # leaves 115 + 30 + 69 = 214 s > 207 s; 0.8 (86 s) leaves room (185 s)
+    assert choose_level(A100, 69.0, deadline_s=207.0).level == 0.6
+    assert choose_level(A100, 69.0, deadline_s=207.0, rerun_reserve_s=30.0).level == 0.8
+    # the reserve counts: with no time to notice the crash 0.6 has room
+    assert choose_level(A100, 69.0, deadline_s=207.0, rerun_reserve_s=0.0).level == 0.6
+    # the queue wait counts too; no slowed level has room: the fastest
+    assert choose_level(A100, 69.0, start_s=25.0, deadline_s=207.0, rerun_reserve_s=30.0).level == 1.0
+    # the fastest level keeps the old rule: chosen even without room
+    assert choose_level(A100, 100.0, deadline_s=150.0, rerun_reserve_s=30.0).level == 1.0
+    assert leaves_rerun_room(69.0, 86.25, 1.0, start_s=0.0, deadline_s=207.0, reserve_s=30.0)
+    assert not leaves_rerun_room(69.0, 115.0, 1.0, start_s=0.0, deadline_s=207.0, reserve_s=30.0)
+
+
+_LEVELS = st.lists(st.sampled_from([0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 1.0]), min_size=1, max_size=5, unique=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    levels=_LEVELS,
+    alpha=st.floats(1.0, 3.5),
+    idle=st.floats(0.0, 300.0),
+    work=st.floats(0.1, 5000.0),
+    start=st.floats(0.0, 2000.0),
+    deadline=st.floats(0.1, 20000.0),
+    reserve=st.floats(0.0, 120.0),
+)
+def test_a_chosen_slowed_level_always_leaves_room_for_a_full_clock_rerun(
+    levels: list[float], alpha: float, idle: float, work: float, start: float, deadline: float, reserve: float
+) -> None:
+    model = PowerModel(idle_w=idle, max_w=400.0, alpha=alpha, levels=tuple(levels))
+    fastest = model.allowed_levels()[-1]
+    c = choose_level(model, work, start_s=start, deadline_s=deadline, rerun_reserve_s=reserve)
+    if c.level < fastest:
+        assert start + work / c.level + reserve + work / fastest <= deadline
+        assert start + work / c.level <= DEADLINE_MARGIN * deadline
+    # the room only takes slow levels away: never slower than without it
+    assert c.level >= choose_level(model, work, start_s=start, deadline_s=deadline).level
 
 
 def test_fedswarm_race_uses_more_busy_energy_with_deadlines():

@@ -40,6 +40,9 @@ def test_minimal_and_policy():
         "fifo", True, 3.0, 4, 5.0)
     assert cfg.slots == 2
     assert p.peer_config(fairness_knob=0.5).fairness_knob == 0.5
+    # the level rule leaves room for a re-run unless the profile says not to
+    assert cfg.rerun_room is True
+    assert parse_profile({**BASE, "policy": {"rerun_room": False}}, name="m").peer_config().rerun_room is False
 
 
 @pytest.mark.parametrize(
@@ -55,6 +58,7 @@ def test_minimal_and_policy():
         ({"slots": 3}, "exceeds"),
         ({"trust": "superuser"}, "trust"),
         ({"policy": {"queue_policy": "lottery"}}, "queue_policy"),
+        ({"policy": {"rerun_room": 1}}, "true or false"),
         ({"throughput": {"*": -1}}, "throughput"),
         ({"energy_price": "cheap"}, "must be a number"),
     ],

@@ -12,7 +12,9 @@ wins. ``choose_level`` evaluates every level the device supports that keeps
 ``P(f)`` under the power cap. With a deadline it takes the level of least
 energy that still finishes within ``DEADLINE_MARGIN`` of the time left
 (slow-down or race-to-idle, whichever the curve favours; the fastest level if
-none does). Without a deadline it takes the cheapest by
+none does). With ``rerun_reserve_s`` set (a peer's ``rerun_room``, on by
+default) a level below the fastest must also leave room for one re-run:
+see ``leaves_rerun_room``. Without a deadline it takes the cheapest by
 ``time_weight * finish + lam * (energy + carbon_price * carbon)`` (with
 ``lam = 0``: the fastest). ``race_to_idle`` always picks f = max allowed.
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["PowerModel", "LevelChoice", "choose_level"]
+__all__ = ["PowerModel", "LevelChoice", "choose_level", "leaves_rerun_room"]
 
 J_PER_KWH = 3.6e6
 DEADLINE_MARGIN = 0.8  # a slowed-down shard must finish within this fraction of the time left
@@ -50,6 +52,37 @@ class PowerModel:
         return self.power(f) * work_s / f
 
 
+def leaves_rerun_room(
+    work_s: float, run_s: float, fastest: float, *, start_s: float, deadline_s: float, reserve_s: float
+) -> bool:
+    """Whether a shard of ``work_s`` reference seconds, started in
+    ``start_s`` and run for ``run_s``, could still be run once more at the
+    ``fastest`` level after a crash at the very end of that run and meet
+    its deadline: ``start_s + run_s + reserve_s + work_s / fastest <=
+    deadline_s``.
+
+    ``reserve_s`` is the time for the crash to be noticed: a crashed peer
+    sends no renewal, and its client re-auctions the shard when the lease it
+    last granted lapses, at most that lease after the crash. Near the end of
+    a run that lease is the one the award named (a client grants more only
+    to a renewal with a long way to go), so the peer passes
+    ``Award.lease_s`` from its last award. A slowed-down shard saves
+    energy at the price of a longer window for a crash to strike; the check
+    keeps that window short enough that one crash does not cost the
+    deadline (``docs/evaluation.md``: on window a/40 at 1,000 peers three
+    shards slowed to the 0.6 clock lost their peer 0.4 to 3 s before the end
+    and missed their deadlines; at full clock they would have finished 45 s
+    before the crash). The sum is
+    held to the deadline itself, not to ``DEADLINE_MARGIN`` of it: the margin
+    is there for the error of the wait estimate, which ``start_s`` already
+    carries into this sum, and a crash at the last moment of a run is the
+    worst case, not the expected one. Assumed: the re-run starts at once, on
+    a device as fast as this one at its fastest level (a slower one, or a
+    queue, needs more). One crash, not two.
+    """
+    return start_s + run_s + reserve_s + work_s / fastest <= deadline_s
+
+
 @dataclass(frozen=True, slots=True)
 class LevelChoice:
     level: float
@@ -68,6 +101,7 @@ def choose_level(
     carbon_g_kwh: float = 0.0,
     time_weight: float = 1.0,
     race_to_idle: bool = False,
+    rerun_reserve_s: float | None = None,
 ) -> LevelChoice:
     """Pick the level for a shard of ``work_s`` reference seconds (at f = 1).
 
@@ -75,6 +109,10 @@ def choose_level(
         start_s: seconds until the shard would start (queue wait).
         deadline_s: seconds from now by which it should finish, if any.
         lam: weight of joules against seconds.
+        rerun_reserve_s: with a deadline, a level below the fastest must
+            also leave room for a re-run at the fastest level after a crash
+            noticed this many seconds later (``leaves_rerun_room``); None:
+            no such check (the baselines' rule, and ``rerun_room = false``).
     Returns:
         the chosen level with its run time, energy and carbon. If no level
         meets the deadline, the fastest allowed one.
@@ -87,7 +125,13 @@ def choose_level(
         # the least-energy level that still meets the deadline with a safety
         # margin (the wait is an estimate); none does: the fastest
         budget = DEADLINE_MARGIN * deadline_s
-        ok = [x for x in levels if start_s + work_s / x <= budget]
+        ok = [
+            x for x in levels
+            if start_s + work_s / x <= budget
+            and (x == fastest or rerun_reserve_s is None
+                 or leaves_rerun_room(work_s, work_s / x, fastest, start_s=start_s, deadline_s=deadline_s,
+                                      reserve_s=rerun_reserve_s))
+        ]
         if ok:
             f = min(ok, key=lambda x: (model.energy(work_s, x) * (1 + carbon_g_kwh / J_PER_KWH * lam), -x))
         else:

@@ -36,7 +36,10 @@ A peer does four things, all driven by ``handle(now, input)`` and
    serve (task kind, devices, memory, tenant policy, not leaving), it answers
    with a ``Bid``: the wait before the shards would start here given its
    fairness-ordered queue, the run time at the frequency level chosen by
-   ``core.energy.choose_level``, and the energy and carbon per shard. A
+   ``core.energy.choose_level``, and the energy and carbon per shard (with
+   ``rerun_room``, a level below the top one must leave room, should this
+   peer crash at the end of the run, to notice it after the lease the last
+   award granted and re-run the shard at the top level by its deadline). A
    second of run time is priced at ``_time_weight``: dearer with a queue
    behind the slot and on a busy swarm, so it slows down only when idle.
 3. **Leases.** An ``Award`` signed by the job's tenant and naming this peer
@@ -79,7 +82,7 @@ from typing import Any
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import PeerConfig
-from .energy import DEADLINE_MARGIN, choose_level
+from .energy import DEADLINE_MARGIN, choose_level, leaves_rerun_room
 from .events import (
     TOPIC_ACCUSATIONS,
     TOPIC_PEERS,
@@ -259,6 +262,10 @@ class PeerCore(Node):
         self._tenant_load: dict[str, float] = {}
         #: (tenant, job_id) -> when our last bid said its shard would start
         self._promised: dict[tuple[str, str], float] = {}
+        #: the lease the last award granted (``Award.lease_s``): how long a
+        #: crash of ours would go unnoticed near the end of a run, reserved
+        #: by the level rule (``rerun_room``); 0 until the first award
+        self._award_lease_s = 0.0
         #: client -> (smoothed round trip, mean deviation), from renewals
         #: and results and their acks; it times the resend of a result
         self._client_rtt: dict[str, tuple[float, float]] = {}
@@ -805,6 +812,7 @@ class PeerCore(Node):
             carbon_g_kwh=self.config.carbon_g_kwh,
             time_weight=self._time_weight(job, ctx),
             race_to_idle=self.config.race_to_idle,
+            rerun_reserve_s=self._rerun_reserve(),
         )
         if choice.run_s != work and count > 1:  # slowed down: the later shards wait for slower ones
             waits = self._wait_estimates(job, tenant, ctx, min(cfb.shards), choice.run_s, count)
@@ -856,6 +864,7 @@ class PeerCore(Node):
                 self.stats["awards_declined_late"] += 1
             return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
         work = run_time(job, self.throughput)
+        self._award_lease_s = award.lease_s
         level = award.level
         if award.attempt > 0:
             # a later attempt: the shard has lost time already (its holder
@@ -1049,17 +1058,33 @@ class PeerCore(Node):
         lease.level, lease.run_s, lease.energy_j = level, run_s, energy_j
         self.stats["levels_raised"] += 1
 
+    def _rerun_reserve(self) -> float | None:
+        """What the level rule reserves for noticing a crash of ours before
+        a re-run (``choose_level``'s ``rerun_reserve_s``): the lease our
+        clients grant, as the last award said; None with ``rerun_room`` off."""
+        return self._award_lease_s if self.config.rerun_room else None
+
     def _fit_deadline(self, lease: _Lease, now: float) -> None:
         """Before a slowed-down shard with a deadline starts: if its level no
-        longer meets the deadline (it waited longer than its bid said), take
-        the level that does, or the fastest."""
+        longer meets the deadline (it waited longer than its bid said), or,
+        with ``rerun_room``, no longer leaves room to re-run it at the top
+        clock after a crash at the end of its run, take the level that does,
+        or the fastest. Checked at the start only: a shard that starts with
+        that room keeps it while it runs as planned (the room shrinks with
+        what is left of the run), and ``_speed_up`` only raises levels."""
         top = self.config.power.allowed_levels()[-1]
         left = deadline_left(lease.job, lease.key[2], now)
-        if left is None or lease.level >= top or lease.run_s <= DEADLINE_MARGIN * left:
+        if left is None or lease.level >= top:
             return
         work = lease.run_s * lease.level
+        reserve = self._rerun_reserve()
+        if lease.run_s <= DEADLINE_MARGIN * left and (
+            reserve is None
+            or leaves_rerun_room(work, lease.run_s, top, start_s=0.0, deadline_s=left, reserve_s=reserve)
+        ):
+            return
         c = choose_level(self.config.power, work, start_s=0.0, deadline_s=left, lam=lease.job.lam,
-                         carbon_g_kwh=self.config.carbon_g_kwh)
+                         carbon_g_kwh=self.config.carbon_g_kwh, rerun_reserve_s=reserve)
         if c.level <= lease.level:
             return
         self._retime(lease, c.level, c.run_s, c.energy_j * max(lease.job.gpus, 1))
