@@ -35,7 +35,7 @@ Common rules, so the comparison is about placement only:
   deadline included; ``race_to_idle`` from the scenario's ``[peer]``), but
   without the room for a re-run that a fedswarm peer's ``rerun_room``
   reserves (``rerun_reserve_s`` unset): the baselines slow a shard down to
-  the deadline margin alone, as every policy did before ``rerun_room``;
+  the deadline margin alone, as a fedswarm peer does by default;
 * scheduling messages cross the scenario's network: each one takes the
   one-way latency of its link (the same per-link draw as fedswarm's
   messages, plus exponential jitter), and none is lost. ``centralized``,

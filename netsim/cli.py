@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "netsim/scenarios/smoke-20.toml --seed 1 --out cmp.json")
     _add_scenario_args(c, out="results JSON path; PNG figures go next to it (STEM.png, STEM.cdf.png, ...)",
                        profiles="directory of peer profiles",
-                       policies="comma-separated: fedswarm, fedswarm-race, centralized, fifo, random, sparrow "
+                       policies="comma-separated: fedswarm, fedswarm-race, fedswarm-rerun, centralized, fifo, random, sparrow "
                                 "(networked), or centralized-instant, ... (their messages instant)")
     _add_faults_parser(sub)
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error")

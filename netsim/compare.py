@@ -3,7 +3,8 @@
 Every policy sees the same scenario, seed, swarm, churn and workload.
 ``fedswarm`` is ``netsim run``; ``fedswarm-race`` is the same with every
 peer's ``race_to_idle = true`` (always the top frequency level: the energy
-baseline); the others are ``netsim.baselines``, whose messages cross the
+baseline), ``fedswarm-rerun`` the same with ``rerun_room = true`` (a slowed
+shard must leave room for a re-run after a crash); the others are ``netsim.baselines``, whose messages cross the
 scenario's network (their ``-instant`` variants deliver them at once). The
 JSON holds, per policy,
 the ``summary`` of ``netsim run`` plus ``deadline_misses``,
@@ -26,7 +27,7 @@ from .workload import TraceJob
 
 __all__ = ["POLICIES", "run_policy", "compare", "extras", "print_table"]
 
-POLICIES = ("fedswarm", "fedswarm-race") + BASELINES
+POLICIES = ("fedswarm", "fedswarm-race", "fedswarm-rerun") + BASELINES
 # fedswarm message kinds that are background membership traffic, not scheduling
 _BACKGROUND = ("Gossip", "PeerState")
 
@@ -43,6 +44,8 @@ def run_policy(sc: Scenario, seed: int, policy: str, jobs: list[TraceJob] | None
         return res
     if policy == "fedswarm-race":
         sc = replace(sc, peer_overrides={**sc.peer_overrides, "race_to_idle": True})
+    elif policy == "fedswarm-rerun":
+        sc = replace(sc, peer_overrides={**sc.peer_overrides, "rerun_room": True})
     elif policy != "fedswarm":
         raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
     from .progress import run_sim

@@ -25,12 +25,13 @@ __all__ = ["plot_run", "plot_compare", "stem_of"]
 #: message kinds that are membership traffic rather than scheduling
 BACKGROUND = ("Gossip", "PeerState")
 #: one colour per policy in every figure, whatever order the JSON lists them in
-POLICY_ORDER = ("fedswarm", "fedswarm-race", "centralized", "centralized-instant", "fifo", "fifo-instant",
+POLICY_ORDER = ("fedswarm", "fedswarm-race", "fedswarm-rerun", "centralized", "centralized-instant", "fifo", "fifo-instant",
                 "random", "random-instant", "sparrow", "sparrow-instant")
 _TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 POLICY_COLORS = {p: c for p, c in zip(("fedswarm", "centralized", "fifo", "random", "sparrow", "fedswarm-race",
                                         "centralized-instant", "fifo-instant", "random-instant", "sparrow-instant"),
                                        _TAB10)}
+POLICY_COLORS["fedswarm-rerun"] = "#000000"
 
 
 def _ordered(runs: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ Schema (every table optional except ``devices``; unknown keys are errors)::
     queue_policy = "rho"              # rho | share | fifo
     fairness_knob = 1.0
     race_to_idle = false
-    rerun_room = true                 # slow down only with room for a re-run
+    rerun_room = false                # true: slow down only with room for a re-run
     max_backlog_s = inf               # optional
     tenant_cap_s = inf                # optional
 

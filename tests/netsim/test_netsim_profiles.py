@@ -40,9 +40,9 @@ def test_minimal_and_policy():
         "fifo", True, 3.0, 4, 5.0)
     assert cfg.slots == 2
     assert p.peer_config(fairness_knob=0.5).fairness_knob == 0.5
-    # the level rule leaves room for a re-run unless the profile says not to
-    assert cfg.rerun_room is True
-    assert parse_profile({**BASE, "policy": {"rerun_room": False}}, name="m").peer_config().rerun_room is False
+    # the level rule leaves room for a re-run only when the profile asks
+    assert cfg.rerun_room is False
+    assert parse_profile({**BASE, "policy": {"rerun_room": True}}, name="m").peer_config().rerun_room is True
 
 
 @pytest.mark.parametrize(

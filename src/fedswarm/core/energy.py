@@ -12,7 +12,7 @@ wins. ``choose_level`` evaluates every level the device supports that keeps
 ``P(f)`` under the power cap. With a deadline it takes the level of least
 energy that still finishes within ``DEADLINE_MARGIN`` of the time left
 (slow-down or race-to-idle, whichever the curve favours; the fastest level if
-none does). With ``rerun_reserve_s`` set (a peer's ``rerun_room``, on by
+none does). With ``rerun_reserve_s`` set (a peer's ``rerun_room``, off by
 default) a level below the fastest must also leave room for one re-run:
 see ``leaves_rerun_room``. Without a deadline it takes the cheapest by
 ``time_weight * finish + lam * (energy + carbon_price * carbon)`` (with
