@@ -66,6 +66,7 @@ import logging
 import os
 import secrets
 import select
+import socket
 import struct
 import threading
 import time
@@ -208,7 +209,11 @@ class _Lane:
 
     async def write(self, plain: bytes) -> None:
         async with self._wlock:
-            with self._tlock:
+            # a worker thread may be writing a frame (a full socket keeps it
+            # at most its write_timeout): wait without blocking the event loop
+            while not self._tlock.acquire(blocking=False):
+                await trio.sleep(0.0005)
+            try:
                 if not self.alive:
                     raise LaneDown("lane closed", sent=False)
                 try:
@@ -217,6 +222,8 @@ class _Lane:
                     # part of the frame may be on the wire: nothing after it can be
                     self.kill()
                     raise
+            finally:
+                self._tlock.release()
 
     async def request(self, protocol: str, data: bytes) -> bytes:
         rid = next(self._ids) & 0xFFFFFFFF
@@ -280,6 +287,8 @@ class _Lane:
                 self.alive = False
                 self._owner.kill_soon(self)
                 sent.broken = f"write failed: {exc!r}"
+            if not self.alive and sent.broken is None:  # ended meanwhile: kill() may not have seen its waiter
+                sent.broken = "lane closed"
             return sent
         finally:
             self._tlock.release()
@@ -362,18 +371,22 @@ class _Lane:
         return False
 
     def kill(self) -> None:
-        with self._tlock:  # not while a worker thread writes on the socket
-            if not self.alive and self not in self._owner._all:
-                return
-            self.alive = False
+        if not self.alive and self not in self._owner._all:
+            return
+        self.alive = False  # a worker thread writes no new frame from here
+        try:  # and one writing now fails at once instead of waiting on a full socket
+            self.stream.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._owner.forget(self)
-        for wait in self._waiting.values():
+        for wait in list(self._waiting.values()):  # a copy: worker threads add to it
             wait.event.set()  # kind -1: LaneDown
         self.hello.set()
-        try:
-            self.stream.socket.close()
-        except Exception:
-            pass
+        with self._tlock:  # no worker thread is inside os.write when the descriptor goes
+            try:
+                self.stream.socket.close()
+            except Exception:
+                pass
 
 
 @dataclass
