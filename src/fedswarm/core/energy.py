@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["PowerModel", "LevelChoice", "choose_level", "leaves_rerun_room"]
+__all__ = ["PowerModel", "LevelChoice", "choose_level", "leaves_rerun_room", "meets_deadline"]
 
 J_PER_KWH = 3.6e6
 DEADLINE_MARGIN = 0.8  # a slowed-down shard must finish within this fraction of the time left
@@ -83,6 +83,19 @@ def leaves_rerun_room(
     return start_s + run_s + reserve_s + work_s / fastest <= deadline_s
 
 
+def meets_deadline(work_s: float, run_s: float, slowed: bool, fastest: float, *, start_s: float,
+                   deadline_s: float, reserve_s: float | None) -> bool:
+    """The level rule's test of one level for a shard with a deadline: run
+    for ``run_s`` after ``start_s``, it ends within ``DEADLINE_MARGIN`` of
+    ``deadline_s``, and, when ``slowed`` below the ``fastest`` level with a
+    ``reserve_s`` given (``rerun_room``), it leaves room for a re-run
+    (``leaves_rerun_room``). ``choose_level`` keeps the levels that pass; a
+    peer asks again before a slowed shard starts."""
+    return start_s + run_s <= DEADLINE_MARGIN * deadline_s and (
+        not slowed or reserve_s is None
+        or leaves_rerun_room(work_s, run_s, fastest, start_s=start_s, deadline_s=deadline_s, reserve_s=reserve_s))
+
+
 @dataclass(frozen=True, slots=True)
 class LevelChoice:
     level: float
@@ -124,14 +137,8 @@ def choose_level(
     elif deadline_s is not None:
         # the least-energy level that still meets the deadline with a safety
         # margin (the wait is an estimate); none does: the fastest
-        budget = DEADLINE_MARGIN * deadline_s
-        ok = [
-            x for x in levels
-            if start_s + work_s / x <= budget
-            and (x == fastest or rerun_reserve_s is None
-                 or leaves_rerun_room(work_s, work_s / x, fastest, start_s=start_s, deadline_s=deadline_s,
-                                      reserve_s=rerun_reserve_s))
-        ]
+        ok = [x for x in levels if meets_deadline(work_s, work_s / x, x != fastest, fastest, start_s=start_s,
+                                                  deadline_s=deadline_s, reserve_s=rerun_reserve_s)]
         if ok:
             f = min(ok, key=lambda x: (model.energy(work_s, x) * (1 + carbon_g_kwh / J_PER_KWH * lam), -x))
         else:

@@ -82,7 +82,7 @@ from typing import Any
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import PeerConfig
-from .energy import DEADLINE_MARGIN, choose_level, leaves_rerun_room
+from .energy import choose_level, meets_deadline
 from .events import (
     TOPIC_ACCUSATIONS,
     TOPIC_PEERS,
@@ -1078,10 +1078,7 @@ class PeerCore(Node):
             return
         work = lease.run_s * lease.level
         reserve = self._rerun_reserve()
-        if lease.run_s <= DEADLINE_MARGIN * left and (
-            reserve is None
-            or leaves_rerun_room(work, lease.run_s, top, start_s=0.0, deadline_s=left, reserve_s=reserve)
-        ):
+        if meets_deadline(work, lease.run_s, True, top, start_s=0.0, deadline_s=left, reserve_s=reserve):
             return
         c = choose_level(self.config.power, work, start_s=0.0, deadline_s=left, lam=lease.job.lam,
                          carbon_g_kwh=self.config.carbon_g_kwh, rerun_reserve_s=reserve)
