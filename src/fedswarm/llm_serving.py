@@ -500,17 +500,37 @@ class BlockServer:
             self._tenants = {k: v for k, v in self._tenants.items() if k in live}
         self._tenants[(owner, sid)] = tenant
 
+    @staticmethod
+    def _receiver(d: Delegation, i: int) -> tuple[str, str]:
+        """Who gets our output of a forwarded step, and on which protocol:
+        the route's next hop, or, from the last hop, the client."""
+        return (d.client, OUT_PROTOCOL) if i + 1 >= len(d.route) else (d.route[i + 1][0], PROTOCOL)
+
+    def _out_message(self, d: Delegation, msg: dict[str, Any], span: list[int], **rest: Any) -> dict[str, Any]:
+        """An ``out`` to the client about ``msg``'s step: the outputs (or the
+        failure) from ``span`` on."""
+        return {"v": WIRE_VERSION, "op": "out", "model": self.model_hash, "session": d.session, "pos": msg["pos"],
+                "span": span, **rest}
+
     def _onward(self, d: Delegation, i: int, msg: dict[str, Any], out: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
-        """Where our output of a forwarded step goes, and the message: the
-        same ``forward`` with our output to the route's next hop, or, from the
-        last hop, an ``out`` with every hop's output to the client."""
+        """Where our output of a forwarded step goes (``_receiver``), and the
+        message: the same ``forward`` with our output to the route's next
+        hop, or, from the last hop, an ``out`` with every hop's output."""
         prior = [*msg.get("outs", ()), msg["hidden"]] if i > 0 else []
-        if i + 1 >= len(d.route):
-            return d.client, OUT_PROTOCOL, {
-                "v": WIRE_VERSION, "op": "out", "model": self.model_hash, "session": d.session, "pos": msg["pos"],
-                "span": [d.route[i][1], d.route[i][2]], "hidden": out, "outs": prior}
-        peer, a, b = d.route[i + 1]
-        return peer, PROTOCOL, {**msg, "span": [a, b], "hidden": out, "outs": prior}
+        peer, protocol = self._receiver(d, i)
+        if protocol == OUT_PROTOCOL:
+            return peer, protocol, self._out_message(d, msg, [d.route[i][1], d.route[i][2]], hidden=out, outs=prior)
+        _, a, b = d.route[i + 1]
+        return peer, protocol, {**msg, "span": [a, b], "hidden": out, "outs": prior}
+
+    async def _send_onward(self, peer: str, protocol: str, m: dict[str, Any], sent: Any) -> bytes:
+        """Send ``m`` to ``peer`` and return the answer; ``sent``: the worker
+        thread already wrote it (``_sender``), only the answer is awaited."""
+        if sent is not None:
+            raw: bytes = await self.transport.sent_answer(peer, sent, timeout=self.forward_timeout)
+            return raw
+        raw = await self.transport.request(peer, protocol, encode(m), timeout=self.forward_timeout)
+        return raw
 
     def _sender(self, d: Delegation, i: int, msg: dict[str, Any], t: int) -> Callable[[bytes], Any] | None:
         """For a forwarded step: a function the worker thread calls with our
@@ -521,8 +541,7 @@ class BlockServer:
         make = getattr(self.transport, "thread_sender", None)
         if make is None:
             return None
-        last = i + 1 >= len(d.route)
-        send = make(d.client if last else d.route[i + 1][0], OUT_PROTOCOL if last else PROTOCOL)
+        send = make(*self._receiver(d, i))
         if send is None:
             return None
         shape, dtype = [t, self.hidden_size], self.dtype_name
@@ -553,11 +572,7 @@ class BlockServer:
                 await self._push(d.client, onward, sent)
                 return
             try:
-                if sent is not None:
-                    raw = await self.transport.sent_answer(peer, sent, timeout=self.forward_timeout)
-                else:
-                    raw = await self.transport.request(peer, PROTOCOL, encode(onward), timeout=self.forward_timeout)
-                resp = decode(raw)
+                resp = decode(await self._send_onward(peer, protocol, onward, sent))
                 why = "" if resp.get("ok") is True else f"{resp.get('error')}: {str(resp.get('detail', ''))}"
             except Exception as exc:  # unreachable, timed out, garbled, too large: the client drives it
                 why = f"transport: {type(exc).__name__}: {exc}"
@@ -565,10 +580,8 @@ class BlockServer:
                 self.forwarding["forwarded"] += 1
                 return
             self.forwarding["forward_failures"] += 1
-            await self._push(d.client, {"v": WIRE_VERSION, "op": "out", "model": self.model_hash,
-                                        "session": d.session, "pos": msg["pos"], "span": onward["span"],
-                                        "outs": [*onward["outs"], out], "error": "forward-failed",
-                                        "detail": why[:300]})
+            await self._push(d.client, self._out_message(d, msg, onward["span"], outs=[*onward["outs"], out],
+                                                         error="forward-failed", detail=why[:300]))
         except Exception:  # a bug here must not take the peer (or its nursery) down
             log.exception("passing a forwarded step on failed")
             if not told:
@@ -576,11 +589,7 @@ class BlockServer:
 
     async def _push(self, client: str, m: dict[str, Any], sent: Any = None) -> None:
         try:
-            if sent is not None:
-                raw = await self.transport.sent_answer(client, sent, timeout=self.forward_timeout)
-            else:
-                raw = await self.transport.request(client, OUT_PROTOCOL, encode(m), timeout=self.forward_timeout)
-            ok = decode(raw).get("ok") is True
+            ok = decode(await self._send_onward(client, OUT_PROTOCOL, m, sent)).get("ok") is True
         except (TransportError, WireError):
             ok = False
         self.forwarding["pushed" if ok else "push_failures"] += 1

@@ -225,13 +225,17 @@ class _Lane:
             finally:
                 self._tlock.release()
 
+    @staticmethod
+    def _request_body(rid: int, protocol: str, data: bytes) -> bytes:
+        p = protocol.encode()
+        return _BODY.pack(REQ, rid, len(p)) + p + data
+
     async def request(self, protocol: str, data: bytes) -> bytes:
         rid = next(self._ids) & 0xFFFFFFFF
         wait = self._waiting[rid] = _Wait()
-        p = protocol.encode()
         try:
             try:  # a LaneDown from write (the lane was already closed) passes through: sent=False
-                await self.write(_BODY.pack(REQ, rid, len(p)) + p + data)
+                await self.write(self._request_body(rid, protocol, data))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise LaneDown(f"write failed: {exc!r}", sent=True) from None
             await wait.event.wait()
@@ -263,11 +267,10 @@ class _Lane:
             if not self.alive:
                 return None
             rid = next(self._ids) & 0xFFFFFFFF
-            p = protocol.encode()
             wait = _Wait()
             self._waiting[rid] = wait  # before the frame leaves: its answer may come at once
             sent = Sent(self, protocol, rid, wait, len(data))
-            view = memoryview(self._frame(_BODY.pack(REQ, rid, len(p)) + p + data))
+            view = memoryview(self._frame(self._request_body(rid, protocol, data)))
             fd = self.stream.socket.fileno()
             deadline = time.monotonic() + write_timeout
             try:

@@ -722,7 +722,7 @@ class Libp2pTransport:
                     else:
                         self._nursery.start_soon(fs.reset)
                     fs = None
-                    self._count_round_trip(data, resp)
+                    self._count_round_trip(len(data), len(resp))
                     return resp
                 raise AssertionError("unreachable")
         except trio.TooSlowError:
@@ -735,11 +735,12 @@ class Libp2pTransport:
             self._c.request_failures += 1
             raise
 
-    def _count_round_trip(self, data: bytes, resp: bytes) -> None:
+    def _count_round_trip(self, sent: int, got: int) -> None:
+        """Count a request of ``sent`` bytes and its answer of ``got``."""
         self._c.frames_out += 1
-        self._c.bytes_out += len(data)
+        self._c.bytes_out += sent
         self._c.frames_in += 1
-        self._c.bytes_in += len(resp)
+        self._c.bytes_in += got
 
     async def _lane_request(self, peer_id: str, protocol: str, data: bytes, timeout: float) -> bytes | None:
         """The request on our lane to ``peer_id``; None when there is none
@@ -776,10 +777,7 @@ class Libp2pTransport:
             self._c.request_failures += 1
             raise
         self._c.lane_requests_out += 1
-        self._c.frames_out += 1
-        self._c.bytes_out += size
-        self._c.frames_in += 1
-        self._c.bytes_in += len(resp)
+        self._count_round_trip(size, len(resp))
         return resp
 
     def thread_sender(self, peer_id: str, protocol: str) -> Callable[[bytes], Sent | None] | None:
