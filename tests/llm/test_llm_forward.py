@@ -38,6 +38,7 @@ from fedswarm.llm_serving import BlockServer
 from fedswarm.net.memory import MemoryNetwork
 from fedswarm.tasks.checkpoint import load_block_span, load_client_head, model_hash
 from fedswarm.tasks.tokenizer import ByteTokenizer
+from helpers import until
 from llm_swarm_helpers import ident, memory_swarm
 
 PROMPT = ByteTokenizer().encode("Hello, swarm!")
@@ -109,10 +110,8 @@ def test_forwarded_steps_leave_from_the_worker_thread_on_lanes(tiny_dir):
             async def settled() -> list[dict[str, int]]:
                 """The servers' counters once every forwarded step so far
                 has been answered (they count after the answer)."""
-                with trio.fail_after(10):
-                    while not (first.forwarding["forwarded"] == mid.forwarding["forwarded"]
-                               == last.forwarding["pushed"] == fwd.forward_stats["complete"]):
-                        await trio.sleep(0.01)
+                await until(lambda: first.forwarding["forwarded"] == mid.forwarding["forwarded"]
+                            == last.forwarding["pushed"] == fwd.forward_stats["complete"])
                 return [dict(srv.forwarding) for srv in s["servers"]]
 
             # the client's and the peers' lanes to each other are up
