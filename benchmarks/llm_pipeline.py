@@ -390,6 +390,8 @@ def main() -> int:
                          "lanes) instead of with py-libp2p alone, e.g. a `git worktree` of the previous commit")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
+    if a.baseline_tree is not None and not (a.baseline_tree / "src" / "fedswarm").is_dir():
+        ap.error(f"--baseline-tree {a.baseline_tree}: no src/fedswarm there (give a checkout of this project)")
     torch.set_num_threads(1)
     t_start = time.perf_counter()
     load0 = os.getloadavg()[0]
