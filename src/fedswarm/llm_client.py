@@ -461,22 +461,12 @@ class SwarmLLM:
             except (TransportError, ValueError, OSError):
                 continue
 
-    async def _request(self, peer: str, msg: dict[str, Any], timeout: float | None = None, *,
-                       written: Callable[[], None] | None = None) -> dict[str, Any]:
-        """``msg``'s answer from ``peer``. ``written`` is called once the
-        request is on its way, before its answer is awaited: written on a
-        lane (``send_request``), else just before it is sent."""
+    async def _request(self, peer: str, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         self.stats["requests"] += 1
         if peer not in self._dialed:
             await self._dial(peer)
-        data, wait = encode(msg), timeout or self.request_timeout
         try:
-            send = getattr(self.transport, "send_request", None) if written is not None else None
-            sent = await send(peer, PROTOCOL, data) if send is not None else None
-            if written is not None:
-                written()
-            raw = (await self.transport.sent_answer(peer, sent, timeout=wait) if sent is not None
-                   else await self.transport.request(peer, PROTOCOL, data, timeout=wait))
+            raw = await self.transport.request(peer, PROTOCOL, encode(msg), timeout=timeout or self.request_timeout)
         except TransportError as exc:
             raise _HopFailed(peer, f"transport: {exc}") from None
         try:
@@ -617,7 +607,6 @@ class SwarmLLM:
             recoveries = list(sess.recoveries)
         finally:
             self._decode_member(sess, False)
-            sess.release()
             if own:
                 await sess.close()
         total = time.perf_counter() - t0
@@ -653,9 +642,6 @@ class InferenceSession:
         self.recoveries: list[dict[str, Any]] = []
         self._delegation: Delegation | None = None  # the signed route of our forwarded steps
         self._forward_off_until = 0.0  # a first hop refused our route: drive hops ourselves until then
-        # the last forwarded step's out message, whose answer waits for our
-        # next request (``_Inbox.handle``)
-        self._held: _Expect | None = None
 
     @property
     def hops(self) -> list[HopState]:
@@ -669,16 +655,8 @@ class InferenceSession:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    def release(self) -> None:
-        """Let the answer to the last forwarded step's out message go: the
-        session's next request is written, or it sends none now."""
-        e, self._held = self._held, None
-        if e is not None:
-            e.released.set()
-
     async def close(self) -> None:
         """Close our sessions on every peer (best effort, bounded)."""
-        self.release()
         self.llm.active.discard(self)
         todo = self.chain.hops + self.chain.take_stale()
         self.chain.hops = []
@@ -794,7 +772,6 @@ class InferenceSession:
                 or time.monotonic() < self._forward_off_until or hops[0].hop.start != 0
                 or hops[-1].hop.end != llm.num_layers or any(hs.pos != n for hs in hops)
                 or any(a.hop.end != b.hop.start for a, b in zip(hops, hops[1:]))):
-            self.release()
             return {}
         route = tuple((hs.hop.peer, hs.hop.start, hs.hop.end) for hs in hops)
         d = self._delegation
@@ -817,7 +794,7 @@ class InferenceSession:
             }
             t0 = time.perf_counter()
             try:
-                resp = await llm._request(first.hop.peer, msg, written=self.release)
+                resp = await llm._request(first.hop.peer, msg)
             except _HopFailed as exc:
                 llm.forward_stats["fallbacks"] += 1
                 return {first: exc}
@@ -847,8 +824,6 @@ class InferenceSession:
             return pre
         finally:
             llm._inbox.expects.pop(self.id, None)
-            self.release()  # the request may not have left
-            self._held = exp
 
     async def _spot_check(self, hs: HopState, upto: int, full: torch.Tensor) -> bool:
         """Maybe recompute a hop's outputs ``[0, upto)`` on another peer that
@@ -1012,9 +987,6 @@ class _Expect:
     error: str | None = None
     at: float = 0.0  # time.perf_counter() when the out message came
     ev: trio.Event = field(default_factory=trio.Event)
-    #: set once the session's next request is written (or none follows):
-    #: the answer to the out message waits for it (``_Inbox.handle``)
-    released: trio.Event = field(default_factory=trio.Event)
 
 
 class _Inbox:
@@ -1023,9 +995,6 @@ class _Inbox:
     sessions waits for, from the hop its route says (the last hop, or the hop
     before the one that failed), with one output per hop before that span."""
 
-    #: the longest an answer to an out message is held back (``handle``)
-    HOLD_S = 1.0
-
     def __init__(self, transport: Any) -> None:
         self.expects: dict[bytes, _Expect] = {}
         self.refused = 0
@@ -1033,19 +1002,13 @@ class _Inbox:
 
     async def handle(self, sender: str, data: bytes) -> bytes:
         try:
-            e = self._take(sender, decode(data))
+            self._take(sender, decode(data))
+            return encode({"ok": True})
         except WireError as exc:
             self.refused += 1
             return encode({"ok": False, "error": exc.code, "detail": exc.detail[:300]})
-        # Nobody waits for this answer (the last hop only counts it), but
-        # writing it costs our event loop a send, which came just before the
-        # next token's LM head: it goes once the session's next request is
-        # written, when the session stops forwarding, or after HOLD_S.
-        with trio.move_on_after(self.HOLD_S):
-            await e.released.wait()
-        return encode({"ok": True})
 
-    def _take(self, sender: str, msg: dict[str, Any]) -> "_Expect":
+    def _take(self, sender: str, msg: dict[str, Any]) -> None:
         keys = set(msg)
         if (msg.get("v") != WIRE_VERSION or msg.get("op") != "out" or not OP_KEYS["out"] <= keys
                 or keys - OP_KEYS["out"] - OPTIONAL_KEYS["out"] or ("hidden" in msg) == ("error" in msg)):
@@ -1072,7 +1035,6 @@ class _Inbox:
             e.error = f"{msg.get('error')}: {msg.get('detail')}"[:300]
         e.at = time.perf_counter()
         e.ev.set()
-        return e
 
 
 _INBOXES: "weakref.WeakKeyDictionary[Any, _Inbox]" = weakref.WeakKeyDictionary()

@@ -447,13 +447,10 @@ class BlockServer:
         length = s.cache.length
         if deleg is not None:
             # the first hop answers the client (which waits for it) once the
-            # next hop's request is out, and the last hop answers the previous
-            # one once its out message to the client is (whose answer may
-            # wait for the client's next request: _Inbox.handle); a middle
-            # hop answers the previous one (which waits for nobody) after
-            # passing the step on, which keeps fewer processes busy on the
-            # step's critical path
-            if self.nursery is not None and (hop_i == 0 or hop_i + 1 == len(deleg.route)):
+            # next hop's request is out; a later hop answers the previous one
+            # (which waits for nobody) after passing the step on, which keeps
+            # fewer processes busy on the step's critical path
+            if self.nursery is not None and hop_i == 0:
                 await self.nursery.start(self._pass_on, deleg, hop_i, msg, out, item.sent)
             else:
                 await self._pass_on(deleg, hop_i, msg, out, item.sent)

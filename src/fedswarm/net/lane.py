@@ -230,25 +230,18 @@ class _Lane:
         p = protocol.encode()
         return _BODY.pack(REQ, rid, len(p)) + p + data
 
-    async def send(self, protocol: str, data: bytes) -> Sent:
-        """Write a request now; its answer is awaited later (``Sent.answer``).
-        A LaneDown from the write (the lane was already closed: nothing
-        left) passes through; after a write that failed part way, the
-        answer raises ``LaneDown`` with ``sent=True``."""
+    async def request(self, protocol: str, data: bytes) -> bytes:
         rid = next(self._ids) & 0xFFFFFFFF
         wait = self._waiting[rid] = _Wait()
-        sent = Sent(self, protocol, rid, wait, len(data))
         try:
-            await self.write(self._request_body(rid, protocol, data))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            sent.broken = f"write failed: {exc!r}"
-        except BaseException:
+            try:  # a LaneDown from write (the lane was already closed) passes through: sent=False
+                await self.write(self._request_body(rid, protocol, data))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise LaneDown(f"write failed: {exc!r}", sent=True) from None
+            await wait.event.wait()
+        finally:
             self._waiting.pop(rid, None)
-            raise
-        return sent
-
-    async def request(self, protocol: str, data: bytes) -> bytes:
-        return await (await self.send(protocol, data)).answer()
+        return self._outcome(protocol, wait)
 
     def _outcome(self, protocol: str, wait: _Wait) -> bytes:
         if wait.kind == RESP:

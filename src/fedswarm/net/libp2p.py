@@ -798,23 +798,6 @@ class Libp2pTransport:
 
         return send
 
-    async def send_request(self, peer_id: str, protocol: str, data: bytes) -> Sent | None:
-        """Write a request on the live lane to ``peer_id`` now and return its
-        handle for ``sent_answer``, so that the caller can act between the
-        write and the wait; None (nothing written: use ``request``) when no
-        lane is up or it closed before the write."""
-        self._check_open()
-        self._check_size(data)
-        if self._lanes is None or not self._lanes.carries(protocol):
-            return None
-        lane = self._lanes.get(peer_id)
-        if lane is None:
-            return None
-        try:
-            return await lane.send(protocol, data)
-        except LaneDown:
-            return None
-
     async def sent_answer(self, peer_id: str, sent: Sent, *, timeout: float) -> bytes:
         """The answer to a request a worker thread wrote (``thread_sender``);
         raises as ``request`` does."""
