@@ -22,6 +22,15 @@ sessions through the 2-peer chain, and the recovery time when the chain's
 second peer is killed mid-generation (3 peers, two of them serving the same
 blocks). Every swarm run checks its tokens against the local run.
 
+``--lanes 2,3`` adds a side-by-side table: the same chain twice at once
+(direct lanes and py-libp2p, or this tree's peers and ``--baseline-tree
+DIR``'s, both driven by this tree's client),
+with a local generation in this process taking its turn in every round.
+Its added latency per hop is the median over rounds of (the setup's step
+time - the same round's local step time) / hops, so the machine's speed
+drifting between the local run at the start and the swarms' minutes later
+(1-2 ms per token here) does not enter it.
+
 With ``--concurrent N`` (default 8) a ``peer api`` process is started in
 front of the longest chain and N streams (the ``openai`` client, one thread
 each, greedy, ``ignore_eos`` so each yields ``--new`` tokens) run at once;
@@ -79,26 +88,33 @@ def splits(layers: int, n: int) -> list[str]:
 
 # ----------------------------------------------------------------- local
 
-def local_run(d: Path, prompt: list[int], n_new: int, repeats: int) -> dict[str, Any]:
+def local_model(d: Path) -> tuple[Any, Any]:
+    """The whole model in this process: (client head, span of every block)."""
     head = load_client_head(d)
-    cfg = head.config
-    span = load_block_span(d, 0, cfg.num_hidden_layers)
-    runs = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        cache = span.new_cache(len(prompt) + n_new)
-        t0 = time.perf_counter()
-        h = span(head.embed(torch.tensor([prompt])), cache)
-        tok = int(head.logits(h[:, -1:])[0, -1].argmax())
-        ttft = time.perf_counter() - t0
-        toks, steps = [tok], []
-        for _ in range(n_new - 1):
-            ts = time.perf_counter()
-            h = span(head.embed(torch.tensor([[tok]])), cache)
-            tok = int(head.logits(h)[0, -1].argmax())
-            steps.append(time.perf_counter() - ts)
-            toks.append(tok)
-        runs.append((ttft, len(steps) / sum(steps), toks))
-    runs = runs[1:]
+    return head, load_block_span(d, 0, head.config.num_hidden_layers)
+
+
+def local_generate(model: tuple[Any, Any], prompt: list[int], n_new: int) -> tuple[float, float, list[int]]:
+    """One greedy generation in this process: (TTFT s, decode tok/s, tokens)."""
+    head, span = model
+    cache = span.new_cache(len(prompt) + n_new)
+    t0 = time.perf_counter()
+    h = span(head.embed(torch.tensor([prompt])), cache)
+    tok = int(head.logits(h[:, -1:])[0, -1].argmax())
+    ttft = time.perf_counter() - t0
+    toks, steps = [tok], []
+    for _ in range(n_new - 1):
+        ts = time.perf_counter()
+        h = span(head.embed(torch.tensor([[tok]])), cache)
+        tok = int(head.logits(h)[0, -1].argmax())
+        steps.append(time.perf_counter() - ts)
+        toks.append(tok)
+    return ttft, len(steps) / sum(steps), toks
+
+
+def local_run(d: Path, prompt: list[int], n_new: int, repeats: int) -> dict[str, Any]:
+    model = local_model(d)
+    runs = [local_generate(model, prompt, n_new) for _ in range(repeats + 1)][1:]  # the first is a warm-up
     return {"ttft_s": statistics.median(r[0] for r in runs), "tok_s": statistics.median(r[1] for r in runs),
             "tokens": runs[0][2]}
 
@@ -214,7 +230,13 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
     or not, forwarding or not) after a warm-up of each, so a load spike hits
     all of them alike. Medians of decode tok/s; tokens checked.
     ``baseline``: the second swarm has lanes too, but its peers run that
-    checkout's code (the "libp2p" keys then hold the baseline's figures)."""
+    checkout's code (the "libp2p" keys then hold the baseline's figures).
+    A generation in this process (the whole model, ``local_generate``)
+    takes its turn in each round too: ``local`` holds its median, and each
+    setup's ``paired_ms_per_hop`` the median over rounds of (its step time
+    - that round's local step time) / hops, which a drift of the machine's
+    speed between the local run and the swarms' cannot bias."""
+    model = local_model(d)
     swarms = {lane: start_swarm(tmp / f"lanes{len(blocks)}-{int(lane)}", d, blocks, lane or baseline is not None,
                                 tree=baseline if not lane else None) for lane in (False, True)}
     try:
@@ -241,16 +263,31 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
                     await ev.wait()
                 setups = [(lane, fw) for fw in (True, False) for lane in (False, True)]
                 runs: dict[tuple[bool, bool], list[Any]] = {s: [] for s in setups}
+                local_tok_s: list[float] = []
+                local_tokens: list[list[int]] = []
                 for _ in range(repeats + 1):
+                    _, t, toks = local_generate(model, prompt, n_new)
+                    local_tok_s.append(t)
+                    local_tokens.append(toks)
                     for lane, fw in setups:
                         llm, plain = llms[lane]
                         runs[(lane, fw)].append(await (llm if fw else plain).generate(prompt, n_new))
                 ref = runs[setups[0]][1].token_ids
+                hops = len(blocks)
+                out["local"] = {"tok_s": statistics.median(local_tok_s[1:]),
+                                "same_tokens": all(t == ref for t in local_tokens[1:])}
                 for (lane, fw), rs in runs.items():
                     rs = rs[1:]
                     out[f"{'lanes' if lane else 'libp2p'}-{'forward' if fw else 'client'}"] = {
                         "tok_s": statistics.median(r.decode_tokens_per_s for r in rs),
-                        "same_tokens": all(r.token_ids == ref for r in rs)}
+                        "same_tokens": all(r.token_ids == ref for r in rs),
+                        "paired_ms_per_hop": statistics.median(
+                            (1.0 / r.decode_tokens_per_s - 1.0 / lt) / hops * 1e3
+                            for r, lt in zip(rs, local_tok_s[1:]))}
+                for fw in (True, False):  # ms per hop of the first swarm over the second, round by round
+                    pairs = zip(runs[(True, fw)][1:], runs[(False, fw)][1:])
+                    out[f"diff-{'forward' if fw else 'client'}"] = statistics.median(
+                        (1.0 / a.decode_tokens_per_s - 1.0 / b.decode_tokens_per_s) / hops * 1e3 for a, b in pairs)
                 st = transports[True].statistics()
                 out["lane_requests_out"] = st.lane_requests_out
                 out["requests_out"] = st.requests_out
@@ -387,7 +424,9 @@ def main() -> int:
                     help="chain lengths to run with direct lanes and without them side by side ('' : none)")
     ap.add_argument("--baseline-tree", type=Path, metavar="DIR",
                     help="in the side-by-side runs, compare with peers running this checkout's code (both with "
-                         "lanes) instead of with py-libp2p alone, e.g. a `git worktree` of the previous commit")
+                         "lanes) instead of with py-libp2p alone, e.g. a `git worktree` of the previous commit; "
+                         "the client (in this process) runs this tree's code for both, so this compares "
+                         "serving-side changes only")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     if a.baseline_tree is not None and not (a.baseline_tree / "src" / "fedswarm").is_dir():
@@ -461,19 +500,23 @@ def main() -> int:
         other = "baseline" if a.baseline_tree else "libp2p"
         mine = "this tree" if a.baseline_tree else "lanes"
         print(f"\n{'this tree against ' + str(a.baseline_tree) + ', both with lanes' if a.baseline_tree else 'direct lanes against py-libp2p'}"
-              f", side by side (two swarms at once, generations taking turns; "
-              f"decode tok/s, x local, +ms/hop; local {local['tok_s']:.1f} tok/s)")
-        print(f"{'chain':<9} {other + ', forwarding':>24} {mine + ', forwarding':>24} {other + ', client hops':>24} "
-              f"{mine + ', client hops':>24}  tokens  lane requests")
+              f", side by side (two swarms at once and a local process, generations taking turns; decode tok/s, "
+              f"x local, +ms/hop, each against the local generation of the same round)")
+        print(f"{'chain':<9} {'local':>6} {other + ', forwarding':>24} {mine + ', forwarding':>24} "
+              f"{other + ', client hops':>24} {mine + ', client hops':>24}  tokens  lane requests")
         for n, r in lanes.items():
             cells = []
+            lr = r["local"]["tok_s"]
             for k in ("libp2p-forward", "lanes-forward", "libp2p-client", "lanes-client"):
                 t = r[k]["tok_s"]
-                r[k]["added_ms_per_hop"] = hop = (1.0 / t - lt) / int(n) * 1e3
-                cells.append(f"{t:>8.1f} {t / local['tok_s']:>6.3f} {hop:>+7.2f}")
+                r[k]["added_ms_per_hop"] = hop = r[k]["paired_ms_per_hop"]
+                cells.append(f"{t:>8.1f} {t / lr:>6.3f} {hop:>+7.2f}")
             same = all(r[k]["same_tokens"] for k in r if isinstance(r[k], dict)) and r["tokens"] == local["tokens"]
-            print(f"{n + ' peer' + ('s' if n != '1' else ''):<9} " + " ".join(f"{c:>24}" for c in cells)
+            print(f"{n + ' peer' + ('s' if n != '1' else ''):<9} {lr:>6.1f} " + " ".join(f"{c:>24}" for c in cells)
                   + f"  {'same' if same else 'DIFFERENT':<7} {r['lane_requests_out']}/{r['requests_out']}")
+        print(f"{mine} minus {other}, ms per hop, median over rounds of the same round's difference: "
+              + "; ".join(f"{n} peers {r['diff-forward']:+.2f} forwarding, {r['diff-client']:+.2f} client hops"
+                          for n, r in lanes.items()))
     print()
     targets = []
     last = str(chains[-1]) if chains else None
@@ -522,7 +565,7 @@ def main() -> int:
                         r["lanes-forward"]["added_ms_per_hop"] <= 1.0))
     if "2" in lanes:
         targets.append(("decode tok/s >= 0.9x local (2 peers, lanes and forwarding, side by side)",
-                        lanes["2"]["lanes-forward"]["tok_s"] >= 0.9 * local["tok_s"]))
+                        lanes["2"]["lanes-forward"]["tok_s"] >= 0.9 * lanes["2"]["local"]["tok_s"]))
     if rec is not None:
         print(f"kill of the chain's 2nd peer after 8 tokens (forwarding on): {rec['recoveries']} recovery in "
               f"{rec['recovered_s']}s (normal step {rec['normal_step_s'] * 1e3:.1f} ms, slowest "
