@@ -237,6 +237,25 @@ def test_verify_cache_skips_repeat_verification_only_for_identical_bytes() -> No
         decode(tampered, cache=cache)
 
 
+def test_verify_cache_keeps_states_while_messages_stream_past() -> None:
+    """A peer state is gossiped for minutes, a message received once: a
+    stream of messages beyond the capacity evicts messages only, so the
+    state is not verified again (the signature check is the costly step)."""
+    cache = VerifyCache(capacity=4)
+    state = PeerState(1, 30.0, (), 1, {"*": 1.0}, 0.0, PowerInfo(0, 0, 0, 0, 2.5, (1.0,)), 0.0, 0.0, (),
+                      "volunteer", b"", (), "", False, {}, (4.0,))
+    raw_state = encode(state, ALICE, issued_at=1.0, nonce=1)
+    first = decode(raw_state, cache=cache)
+    msgs = [encode(Cancel(f"j{i}", ()), ALICE, issued_at=1.0, nonce=10 + i) for i in range(10)]
+    for m in msgs:
+        decode(m, cache=cache)
+    hits = cache.hits
+    assert decode(raw_state, cache=cache) is first and cache.hits == hits + 1
+    decode(msgs[0], cache=cache)  # long evicted: decoded and verified again, not a hit
+    assert cache.hits == hits + 1
+    assert decode(msgs[-1], cache=cache) is not None and cache.hits == hits + 2
+
+
 def test_peer_id_round_trip_and_rejects_non_ed25519() -> None:
     for _ in range(20):
         i = Identity.from_seed(random.Random(_).randbytes(32))

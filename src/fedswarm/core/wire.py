@@ -549,25 +549,36 @@ class VerifyCache:
     size limit, part of the key), so one cache may be shared by every core
     in a process (netsim does; a daemon has one core anyway). Failures are
     never cached: bad input is re-examined and counted every time.
+
+    Peer states are kept apart from the other messages, each part holding
+    ``capacity`` entries: a state is gossiped on for as long as it lives
+    (minutes), while a message is received once, within its flight. In one
+    table the stream of messages pushed the states out within seconds at
+    10,000 peers, and every state older than that was verified again.
     """
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity
         self._seen: dict[tuple[bytes, int], Signed] = {}
+        self._states: dict[tuple[bytes, int], Signed] = {}
         self.hits = 0
 
     def get(self, raw: bytes, max_bytes: int) -> "Signed | None":
-        got = self._seen.get((raw, max_bytes))
+        key = (raw, max_bytes)
+        got = self._states.get(key)
+        if got is None:
+            got = self._seen.get(key)
         if got is not None:
             self.hits += 1
         return got
 
     def add(self, raw: bytes, max_bytes: int, signed: "Signed") -> None:
-        if len(self._seen) >= self.capacity:
+        seen = self._states if type(signed.msg) is PeerState else self._seen
+        if len(seen) >= self.capacity:
             # drop the oldest half (dicts keep insertion order)
-            for k in list(self._seen)[: self.capacity // 2]:
-                del self._seen[k]
-        self._seen[(raw, max_bytes)] = signed
+            for k in list(seen)[: self.capacity // 2]:
+                del seen[k]
+        seen[(raw, max_bytes)] = signed
 
 
 def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: bool) -> Signed:
