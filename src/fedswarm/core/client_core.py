@@ -479,7 +479,9 @@ class ClientCore(Node):
         for job in self._active.values():
             if job.round is not None:
                 t = min(t, job.round.close_at)
-            elif job.counts[ShardState.OPEN] and self._openable(job):
+            elif job.counts[ShardState.OPEN] and (not job.spec.chain or self._openable(job)):
+                # (an open shard of a job that is not a chain is openable:
+                # no list of them per job and call, which cost O(shards))
                 t = min(t, job.next_round_at)
         return t
 
