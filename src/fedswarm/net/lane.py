@@ -138,10 +138,11 @@ class _Wait:
 
 
 class Sent:
-    """A request that a worker thread wrote on a lane
-    (``_Lane.send_from_thread``); the event loop awaits its answer with
-    ``answer``, which raises as ``_Lane.request`` does (``LaneDown`` with
-    ``sent=True``, ``PeerUnreachable``)."""
+    """A request written on a lane, by the event loop (``_Lane.request``)
+    or by a worker thread (``_Lane.send_from_thread``), whose answer the
+    event loop awaits with ``answer``: the answer's bytes, or
+    ``PeerUnreachable`` (the handler failed), or ``LaneDown`` with
+    ``sent=True`` (the lane broke after the request left)."""
 
     __slots__ = ("lane", "protocol", "rid", "wait", "size", "frames_before", "broken")
 
@@ -230,18 +231,23 @@ class _Lane:
         p = protocol.encode()
         return _BODY.pack(REQ, rid, len(p)) + p + data
 
-    async def request(self, protocol: str, data: bytes) -> bytes:
+    def _expect(self, protocol: str, size: int) -> Sent:
+        """A new request id, its answer awaited from now on (before the
+        request leaves: the answer may come at once)."""
         rid = next(self._ids) & 0xFFFFFFFF
         wait = self._waiting[rid] = _Wait()
-        try:
-            try:  # a LaneDown from write (the lane was already closed) passes through: sent=False
-                await self.write(self._request_body(rid, protocol, data))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise LaneDown(f"write failed: {exc!r}", sent=True) from None
-            await wait.event.wait()
-        finally:
-            self._waiting.pop(rid, None)
-        return self._outcome(protocol, wait)
+        return Sent(self, protocol, rid, wait, size)
+
+    async def request(self, protocol: str, data: bytes) -> bytes:
+        sent = self._expect(protocol, len(data))
+        try:  # a LaneDown from write (the lane was already closed) passes through: sent=False
+            await self.write(self._request_body(sent.rid, protocol, data))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            sent.broken = f"write failed: {exc!r}"  # the answer raises LaneDown, sent=True
+        except BaseException:
+            sent.forget()
+            raise
+        return await sent.answer()
 
     def _outcome(self, protocol: str, wait: _Wait) -> bytes:
         if wait.kind == RESP:
@@ -266,11 +272,8 @@ class _Lane:
         try:
             if not self.alive:
                 return None
-            rid = next(self._ids) & 0xFFFFFFFF
-            wait = _Wait()
-            self._waiting[rid] = wait  # before the frame leaves: its answer may come at once
-            sent = Sent(self, protocol, rid, wait, len(data))
-            view = memoryview(self._frame(self._request_body(rid, protocol, data)))
+            sent = self._expect(protocol, len(data))
+            view = memoryview(self._frame(self._request_body(sent.rid, protocol, data)))
             fd = self.stream.socket.fileno()
             deadline = time.monotonic() + write_timeout
             try:
