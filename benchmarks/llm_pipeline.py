@@ -112,8 +112,7 @@ def local_generate(model: tuple[Any, Any], prompt: list[int], n_new: int) -> tup
     return ttft, len(steps) / sum(steps), toks
 
 
-def local_run(d: Path, prompt: list[int], n_new: int, repeats: int) -> dict[str, Any]:
-    model = local_model(d)
+def local_run(model: tuple[Any, Any], prompt: list[int], n_new: int, repeats: int) -> dict[str, Any]:
     runs = [local_generate(model, prompt, n_new) for _ in range(repeats + 1)][1:]  # the first is a warm-up
     return {"ttft_s": statistics.median(r[0] for r in runs), "tok_s": statistics.median(r[1] for r in runs),
             "tokens": runs[0][2]}
@@ -223,7 +222,7 @@ def bench_chain(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
 
 
 def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], prompt: list[int], n_new: int,
-                repeats: int, baseline: Path | None = None) -> dict[str, Any]:
+                repeats: int, model: tuple[Any, Any], baseline: Path | None = None) -> dict[str, Any]:
     """The same chain twice at once: peers and client with direct lanes
     (``fedswarm.net.lane``) and with every request on py-libp2p
     (``--no-lane``). Generations take turns between the four setups (lanes
@@ -235,8 +234,8 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
     takes its turn in each round too: ``local`` holds its median, and each
     setup's ``paired_ms_per_hop`` the median over rounds of (its step time
     - that round's local step time) / hops, which a drift of the machine's
-    speed between the local run and the swarms' cannot bias."""
-    model = local_model(d)
+    speed between the local run and the swarms' cannot bias. ``model``:
+    ``local_model(d)``, loaded once for every table."""
     swarms = {lane: start_swarm(tmp / f"lanes{len(blocks)}-{int(lane)}", d, blocks, lane or baseline is not None,
                                 tree=baseline if not lane else None) for lane in (False, True)}
     try:
@@ -452,7 +451,8 @@ def main() -> int:
         print(f"model {a.model}: {cfg.param_count() / 1e6:.1f}M params, {layers} layers, hidden {cfg.hidden_size}, "
               f"vocab {cfg.vocab_size}; prompt {len(prompt)} tokens, {a.new} new, greedy, torch threads 1",
               file=sys.stderr)
-        local = local_run(d, prompt, a.new, a.repeats)
+        model = local_model(d)
+        local = local_run(model, prompt, a.new, a.repeats)
         rows: dict[str, Any] = {}
         chains = [int(x) for x in a.peers.split(",") if int(x) <= layers]
         api_res: dict[str, Any] | None = None
@@ -469,7 +469,7 @@ def main() -> int:
         lanes: dict[str, Any] = {}
         for n in [int(x) for x in a.lanes.split(",") if x and int(x) <= layers]:
             lanes[str(n)] = bench_lanes(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats,
-                                        a.baseline_tree)
+                                        model, a.baseline_tree)
             print(f"  lanes against libp2p, {n} peer(s) done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
         rec = None if a.no_recovery else bench_recovery(tmp, d, head, mhash, layers, prompt, a.new)
     elapsed = time.perf_counter() - t_start
