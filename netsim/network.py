@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["NetworkModel", "Partition"]
+
+LINK_CACHE = 1 << 18  # links whose latency is kept (about 40 MB when full)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class NetworkModel:
     reorder_ms: float = 50.0
     partitions: tuple[Partition, ...] = ()
     seed: int = 0
+    _links: dict[tuple[str, str], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def _draw_link(self, ra: str, rb: str, a: str, b: str) -> float:
         lo, hi = self.intra_ms if ra == rb else self.inter_ms
@@ -62,11 +65,19 @@ class NetworkModel:
     def latency(self, a: str, b: str, ra: str, rb: str) -> float:
         """One-way base latency of the (symmetric) link a-b in seconds.
 
-        Recomputed from the link's hash on every message rather than kept:
-        a swarm of N peers that all talk has N^2/2 links (12.5 M at 5,000)."""
-        if a < b:
-            return self._draw_link(ra, rb, a, b)
-        return self._draw_link(rb, ra, b, a)
+        A pure function of the link's hash, so keeping it changes nothing: a
+        swarm of N peers that all talk has N^2/2 links (12.5 M at 5,000), so
+        only the links used lately are kept (``LINK_CACHE`` of them; the
+        table is emptied when full), which most messages are: renewals,
+        results and bids go back and forth on the same links."""
+        key = (a, b) if a < b else (b, a)
+        d = self._links.get(key)
+        if d is None:
+            d = self._draw_link(ra, rb, a, b) if a < b else self._draw_link(rb, ra, b, a)
+            if len(self._links) >= LINK_CACHE:
+                self._links.clear()
+            self._links[key] = d
+        return d
 
     def delays(self, rng: random.Random, base: float, nbytes: int) -> list[float]:
         """Delivery delays of one sent message: [] if lost, two if duplicated."""

@@ -604,23 +604,33 @@ class ClientCore(Node):
         return list(self._iter_eligible(job, now, entries))
 
     def _iter_eligible(self, job: JobSpec, now: float, entries: list[ViewEntry] | None = None) -> Iterator[ViewEntry]:
+        # (per round over hundreds of entries: the loop's lookups are bound once)
+        me, banned, suspect, silent = self.id, self.banned, self._suspect.get, self._silent
+        gpus, task, mem, min_trust = job.gpus, job.task, job.mem_bytes, self.config.min_trust
+        quiet_s: float | None = None
         for e in self.view.live(now) if entries is None else entries:
             st = e.state
-            if e.peer == self.id or e.peer in self.banned or self._suspect.get(e.peer, 0.0) > now:
+            peer = e.peer
+            if peer == me or peer in banned or suspect(peer, 0.0) > now:
                 continue
-            quiet_since = self._silent.get(e.peer)
-            if quiet_since is not None:
-                if e.issued_at > quiet_since:
-                    del self._silent[e.peer]  # it signed a state since: alive
-                elif now - quiet_since > max(self.config.bid_window_s, self.forecast.rto(e.peer) or 0.0):
-                    continue  # a bid of its is not coming now (its call was not answered in a whole window)
-            if st.slots < job.gpus:
+            if silent:
+                quiet_since = silent.get(peer)
+                if quiet_since is not None:
+                    if e.issued_at > quiet_since:
+                        del silent[peer]  # it signed a state since: alive
+                    else:
+                        if quiet_s is None:
+                            quiet_s = self.config.bid_window_s
+                        if now - quiet_since > max(quiet_s, self.forecast.rto(peer) or 0.0):
+                            continue  # a bid of its is not coming now (its call was not answered in a whole window)
+            if st.slots < gpus:
                 continue
-            if job.task not in st.throughput and "*" not in st.throughput:
+            tp = st.throughput
+            if task not in tp and "*" not in tp:
                 continue
-            if job.mem_bytes and all(d.mem_total < job.mem_bytes for d in st.devices):
+            if mem and all(d.mem_total < mem for d in st.devices):
                 continue
-            if self.config.min_trust and st.trust != self.config.min_trust:
+            if min_trust and st.trust != min_trust:
                 continue
             yield e
 
@@ -968,7 +978,18 @@ class ClientCore(Node):
         job.asked = set()
         job.rebids = 0
         assigned: dict[str, int] = {}
-        bidders = sorted((p, v[0]) for p, v in bids.items())
+        # per shard, the bids that list it, in bidder order: a round of 100
+        # shards and 100 bidders scanned every bid's shard tuple per shard
+        # (with what does not change while the round's shards are awarded:
+        # the bidder's transit, its bid's energy term, whether it is trusted)
+        bidders: dict[int, list[tuple[str, Bid, float, float, bool]]] = {}
+        carbon_w = self.config.carbon_weight
+        for p, v in sorted(bids.items()):
+            b = v[0]
+            row = (p, b, self.forecast.transit(p), spec.lam * (b.energy_j + carbon_w * b.carbon_g), self.is_trusted(p))
+            for s in b.shards:
+                bidders.setdefault(s, []).append(row)
+        banned = self.banned
         awarded_any = False
         for i in rnd.shards:
             sh = job.shards[i]
@@ -977,13 +998,13 @@ class ClientCore(Node):
             # order: a trusted second opinion (settles a shard at once), then
             # bids that meet the deadline, then weighted finish + lam * energy
             best: tuple[tuple[bool, bool, float, str], Bid, float] | None = None
-            for peer, bid in bidders:
-                if i not in bid.shards or peer in sh.exclude or peer in self.banned:
+            exclude, second = sh.exclude, bool(sh.candidates)
+            for peer, bid, transit, energy, trusted in bidders.get(i, ()):
+                if peer in exclude or peer in banned:
                     continue
                 finish = finish_on(peer, bid, assigned.get(peer, 0) + unseen[peer])
-                cost = (spec.weight * (finish + self.forecast.transit(peer))
-                        + spec.lam * (bid.energy_j + self.config.carbon_weight * bid.carbon_g))
-                key = (not (sh.candidates and self.is_trusted(peer)), finish > left, cost, peer)
+                cost = spec.weight * (finish + transit) + energy
+                key = (not (second and trusted), finish > left, cost, peer)
                 if best is None or key < best[0]:
                     best = (key, bid, finish)
             if best is None:

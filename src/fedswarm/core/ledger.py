@@ -47,7 +47,7 @@ class Ledger:
         self.max_rows = max_rows
         self._entries: dict[tuple[str, str], float] = {}
         self._version = 0
-        self._sorted_items: list[tuple[tuple[str, str], float]] = []
+        self._sorted_items: list[tuple[str, list[float]]] = []  # per tenant, its values in peer order
         self._sorted_version = 0
         self._shares_key: tuple[float, int] | None = None
         self._shares_val: dict[str, float] = {}
@@ -99,13 +99,22 @@ class Ledger:
         """Decayed GPU-seconds per tenant at ``now`` (sorted iteration order)."""
         out: dict[str, float] = {}
         shift = now / self.tau_s
-        if self._sorted_version != self._version:  # sorted once per change, not per question
-            self._sorted_items = sorted(self._entries.items())
+        if self._sorted_version != self._version:  # grouped once per change, not per question
+            groups: dict[str, list[float]] = {}
+            for (tenant, _peer), val in sorted(self._entries.items()):
+                groups.setdefault(tenant, []).append(val)
+            self._sorted_items = list(groups.items())
             self._sorted_version = self._version
-        for (tenant, _peer), val in self._sorted_items:
-            x = val - shift
-            if x > -700:
-                out[tenant] = out.get(tenant, 0.0) + math.exp(x)
+        exp = math.exp
+        for tenant, vals in self._sorted_items:
+            # summed in (tenant, peer) order, as one pass over the sorted entries would
+            total: float | None = None
+            for val in vals:
+                x = val - shift
+                if x > -700:
+                    total = (0.0 if total is None else total) + exp(x)
+            if total is not None:
+                out[tenant] = total
         return out
 
     def shares(self, now: float) -> dict[str, float]:
