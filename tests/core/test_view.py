@@ -202,3 +202,37 @@ def test_a_view_that_turns_over_keeps_its_heaps_bounded() -> None:
     assert len(v) == 8
     assert len(v._expiry) <= 4 * 8 + 65 and len(v._cap_heap) <= 4 * 8 + 65
     assert v.capacity(1.0) == (8, 8, 0)
+
+
+# (advance time by, peer (our own id among them), seq, ttl, leaving, action)
+live_steps = st.lists(
+    st.tuples(st.floats(0, 40), st.sampled_from(["me", "a", "b", "c", "d", "e", "f", "g"]), st.integers(0, 6),
+              st.floats(1, 120), st.booleans(), st.sampled_from(["merge", "merge", "expire", "remove", "ask", "ask-earlier"])),
+    max_size=80,
+)
+
+
+@settings(max_examples=300)
+@given(live_steps, st.booleans())
+def test_live_is_the_unexpired_non_leaving_entries_in_id_order(ops: list, random_evict: bool) -> None:
+    """``live(t)`` (found from the expiry heap, not by a scan) equals a scan
+    of the view's entries after any mix of merges (new, replaced with a
+    shorter or longer TTL, tombstones, our own state, evictions of a full
+    view), expiries, removals and questions about the present or the past."""
+    v = View("me", max_size=5, rng=random.Random(7) if random_evict else None)
+    now = 0.0
+
+    def scan(t: float) -> list[str]:
+        return [p for p in v.peers() if not v.get(p).state.leaving and v.get(p).expires_at > t]  # type: ignore[union-attr]
+
+    for dt, peer, seq, ttl, leaving, action in ops:
+        now += dt
+        if action == "merge":
+            v.merge(peer, _state(seq, ttl, leaving), now - dt / 2, b"", now)
+        elif action == "expire":
+            v.expire(now)
+        elif action == "remove":
+            v.remove(peer)
+        elif action == "ask-earlier":
+            assert [e.peer for e in v.live(now - dt)] == scan(now - dt)
+        assert [e.peer for e in v.live(now)] == scan(now)
