@@ -607,7 +607,7 @@ class ClientCore(Node):
         # (per round over hundreds of entries: the loop's lookups are bound once)
         me, banned, suspect, silent = self.id, self.banned, self._suspect.get, self._silent
         gpus, task, mem, min_trust = job.gpus, job.task, job.mem_bytes, self.config.min_trust
-        quiet_s: float | None = None
+        window = self.config.bid_window_s
         for e in self.view.live(now) if entries is None else entries:
             st = e.state
             peer = e.peer
@@ -618,11 +618,8 @@ class ClientCore(Node):
                 if quiet_since is not None:
                     if e.issued_at > quiet_since:
                         del silent[peer]  # it signed a state since: alive
-                    else:
-                        if quiet_s is None:
-                            quiet_s = self.config.bid_window_s
-                        if now - quiet_since > max(quiet_s, self.forecast.rto(peer) or 0.0):
-                            continue  # a bid of its is not coming now (its call was not answered in a whole window)
+                    elif now - quiet_since > max(window, self.forecast.rto(peer) or 0.0):
+                        continue  # a bid of its is not coming now (its call was not answered in a whole window)
             if st.slots < gpus:
                 continue
             tp = st.throughput

@@ -332,62 +332,21 @@ class Forecaster:
         a start (each shard replayed takes slot time, none gives it back).
         Its side effects are ``eta``'s: a state newer than the peer's awards
         or its last bid drops them, so skipping ``eta`` for a peer whose
-        floor is too late changes nothing after.
+        floor is too late changes nothing after."""
+        if not self._awarded(e):
+            return self.eta(spec, e, now, stale=stale), True
+        # without the awards, and without a stale class's mean (never below 0)
+        return self.eta(spec, e, now, awards=False), False
 
-        Exactly ``eta(spec, e, now, stale=stale)`` when there are no awards
-        to replay, else ``eta(spec, e, now, awards=False)``; written out in
-        one function (a round takes a floor of each of hundreds of peers,
-        and the nested calls were most of it)."""
-        peer = e.peer
-        pend = self._pending.get(peer)
-        if pend is not None and e.issued_at > pend[0] + self.config.bid_window_s:
-            del self._pending[peer]  # a newer state already counts them
-            pend = None
-        exact = pend is None or not pend[1]
-        # view_wait(spec, e, now, awards=False)
-        st = e.state
-        age = max(now - e.issued_at, 0.0)
-        free = st.free_s
-        if free and len(free) == st.slots:
-            pour = spec.deadline_s is None
-            hit = self._slot_times.get(peer)
-            t = hit[2] if hit is not None and hit[0] is st and hit[1] == pour else self._slots_of(peer, st, pour)
-            wait = max(t[min(max(spec.gpus, 1), len(t)) - 1] - age, 0.0)
-        else:
-            wait = max(st.backlog_s - age, 0.0)
-        # news_wait, with its side effect
-        news = self._news.get(peer)
-        newer: float | None = None
-        if news is not None:
-            if e.issued_at > news[0]:
-                del self._news[peer]  # the state is newer than the bid
-            elif news[2] or spec.deadline_s is None:
-                newer = news[1] - (now - news[0])
-        if newer is not None:
-            wait = max(wait, newer)
-        elif exact and stale:
-            wait += max(self._stale[self.stale_class(spec, e, now, wait)], 0.0)
-        tp = st.throughput
-        rate = tp.get(spec.task)
-        if rate is None:
-            rate = tp.get("*", 1.0)
-        return wait + spec.work_s / max(rate, 1e-6), exact
-
-    def _settle_all(self, entries: list[ViewEntry]) -> None:
-        """``floor``'s side effects on each of ``entries`` without its
-        arithmetic: a state newer than this client's awards there, or than
-        the peer's last bid, drops them. A search that skips a peer whose
-        bound already loses calls this, so what it leaves behind is what a
-        full scan leaves (written out: a round skips hundreds)."""
-        pending, news_of, window = self._pending, self._news, self.config.bid_window_s
-        for e in entries:
-            peer = e.peer
-            pend = pending.get(peer)
-            if pend is not None and e.issued_at > pend[0] + window:
-                del pending[peer]
-            news = news_of.get(peer)
-            if news is not None and e.issued_at > news[0]:
-                del news_of[peer]
+    def _settle(self, e: ViewEntry) -> None:
+        """``floor``'s side effects on ``e`` without its arithmetic: a state
+        newer than this client's awards there, or than the peer's last bid,
+        drops them. A search that skips a peer whose bound already loses
+        calls this, so what it leaves behind is what a full scan leaves."""
+        self._awarded(e)
+        news = self._news.get(e.peer)
+        if news is not None and e.issued_at > news[0]:
+            del self._news[e.peer]
 
     def beats(self, spec: JobSpec, entries: list[ViewEntry], now: float, wins: Callable[[float], bool]) -> bool:
         """``wins(min(eta(spec, e, now) for e in entries))`` (False when
@@ -398,18 +357,9 @@ class Forecaster:
         only at peers whose floor could still win."""
         found = False
         rest: list[tuple[float, ViewEntry]] = []
-        skipped: list[ViewEntry] = []  # settled at the end: each entry's side effects touch its own peer only
-        task, work = spec.task, spec.work_s
         for e in entries:
-            if found:
-                skipped.append(e)
-                continue
-            tp = e.state.throughput
-            rate = tp.get(task)
-            if rate is None:
-                rate = tp.get("*", 1.0)
-            if not wins(work / max(rate, 1e-6)):  # run_time, written out
-                skipped.append(e)
+            if found or not wins(run_time(spec, e.state.throughput)):
+                self._settle(e)
                 continue
             v, exact = self.floor(spec, e, now)
             if wins(v):
@@ -417,7 +367,6 @@ class Forecaster:
                     found = True
                 else:
                     rest.append((v, e))
-        self._settle_all(skipped)
         if found:
             return True
         rest.sort(key=lambda x: x[0])
@@ -431,32 +380,18 @@ class Forecaster:
         entries are visited by a lower bound of that key (the run alone, two
         transits); the search stops once the bound loses to the k-th found,
         and awards are replayed only at peers whose floor could still make
-        the k. The peers skipped get ``floor``'s side effects (``_settle_all``)."""
+        the k. The peers skipped get ``floor``'s side effects (``_settle``)."""
         bounds: list[tuple[float, int, int, float]] = []
-        # transit, run_time and tie of each entry, written out (hundreds per round)
-        rtt, region_rtt, ties, tie_of = self._rtt.get, self._region_rtt.get, self._ties.get, self.tie
-        task, work = spec.task, spec.work_s
         for i, e in enumerate(entries):
-            peer = e.peer
-            st = e.state
-            r = rtt(peer)
-            if r is not None:
-                t2 = 2.0 * r[1]
-            else:
-                prior = region_rtt(st.region)
-                t2 = 2.0 * (prior if prior is not None else 0.0)
-            tp = st.throughput
-            rate = tp.get(task)
-            if rate is None:
-                rate = tp.get("*", 1.0)
-            own = ties(peer)
-            bounds.append((work / max(rate, 1e-6) + t2, tie_of(peer) if own is None else own, i, t2))
+            t2 = 2.0 * self.transit(e.peer, e)
+            bounds.append((run_time(spec, e.state.throughput) + t2, self.tie(e.peer), i, t2))
         bounds.sort()
         top: list[tuple[float, int, int]] = []
         later: list[tuple[float, int, int]] = []
         for j, (lb, tie, i, t2) in enumerate(bounds):
             if len(top) >= k and (lb, tie) > top[-1][:2]:
-                self._settle_all([entries[b[2]] for b in bounds[j:]])  # every later bound loses too
+                for b in bounds[j:]:  # every later bound loses too
+                    self._settle(entries[b[2]])
                 break
             v, is_exact = self.floor(spec, entries[i], now, stale=stale)
             row = (v + t2, tie, i)

@@ -108,12 +108,13 @@ class Ledger:
         exp = math.exp
         for tenant, vals in self._sorted_items:
             # summed in (tenant, peer) order, as one pass over the sorted entries would
-            total: float | None = None
+            total, counted = 0.0, False
             for val in vals:
                 x = val - shift
                 if x > -700:
-                    total = (0.0 if total is None else total) + exp(x)
-            if total is not None:
+                    total += exp(x)
+                    counted = True
+            if counted:
                 out[tenant] = total
         return out
 

@@ -336,9 +336,8 @@ class PeerCore(Node):
             batch = {}
             due = {lease.tenant for lease in self.leases.values() if now >= lease.next_renew_at}
             early = now + cfg.renew_interval_s / 2.0
-        grace_s = cfg.lease_grace_s
         for lease in list(self.leases.values()):
-            if now - lease.last_ack_at > max(grace_s, 2.0 * lease.granted_s):  # _grace(lease), written out
+            if now - lease.last_ack_at > self._grace(lease):
                 self.stats["leases_abandoned"] += 1
                 out.extend(self._drop(lease))
                 etas = waits = None

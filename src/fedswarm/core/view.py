@@ -171,20 +171,25 @@ class View:
         self._cap_heap = [item for item in self._cap_heap if item[2].counted]
         heapq.heapify(self._cap_heap)
 
+    def _pop_stale(self) -> None:
+        """Pop the expiry heap's stale head items (their entries replaced or
+        gone), so that its head is a live entry's expiry if it has any."""
+        heap, entries = self._expiry, self._entries
+        while heap:
+            when, p = heap[0]
+            e = entries.get(p)
+            if e is not None and e.expires_at == when:
+                return
+            heapq.heappop(heap)
+
     def _evict_random(self, rng: random.Random, now: float) -> bool:
         """Drop an entry that has expired if there is one, else one drawn at
         random, never our own: views smaller than the swarm stay spread over
         it (and a flood of new ids cannot choose whom it pushes out)."""
         heap = self._expiry
-        while heap:
-            when, p = heap[0]
-            e = self._entries.get(p)
-            if e is None or e.expires_at != when:
-                heapq.heappop(heap)  # stale: replaced or gone
-                continue
-            if when <= now and p != self.self_id:
-                return self._evict(now)
-            break
+        self._pop_stale()
+        if heap and heap[0][0] <= now and heap[0][1] != self.self_id:
+            return self._evict(now)
         srt = self._sorted
         n = len(srt)
         if n == 0 or (n == 1 and srt[0] == self.self_id):
@@ -307,10 +312,9 @@ class View:
         """
         key = (now, self._version)
         if key != self._live_key:
-            entries = self._entries
             nl = self._nl
             if nl is None:
-                nl = self._nl = [e for e in map(entries.__getitem__, self.peers()) if not e.state.leaving]
+                nl = self._nl = [e for e in map(self._entries.__getitem__, self.peers()) if not e.state.leaving]
                 self._nl_ids = [e.peer for e in nl]
             out = nl[:]
             gone = self._expired(now)
@@ -332,19 +336,13 @@ class View:
 
         Found from the expiry heap, not by a scan of the view (at 10,000
         entries a scan per call of ``live`` was a tenth of a large run): the
-        stale items at its head (entries replaced or gone) are popped, as
-        ``expire`` and ``_evict`` pop them, then a walk visits only the
-        items due by ``now`` (a subtree whose root is later holds none).
+        stale items at its head are popped (``_pop_stale``), then a walk
+        visits only the items due by ``now`` (a subtree whose root is later
+        holds none).
         Every entry but our own keeps an item of its expiry in the heap;
         ours is checked apart (``expire`` pops its item and keeps it)."""
         heap, entries = self._expiry, self._entries
-        while heap:
-            w, p = heap[0]
-            e = entries.get(p)
-            if e is None or e.expires_at != w:
-                heapq.heappop(heap)  # stale: replaced or gone
-                continue
-            break
+        self._pop_stale()
         gone: set[str] = set()
         if heap and heap[0][0] <= now:
             n = len(heap)
