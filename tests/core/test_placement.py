@@ -7,6 +7,7 @@ import functools
 import random
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -896,6 +897,28 @@ def test_a_sampled_round_ranks_a_bounded_sample_and_keeps_the_peers_that_won() -
     whole, sampled = c._candidates(spec, now, 3)
     assert not sampled and {e.peer for e in whole} == {e.peer for e in c._eligible(spec, now)}
     assert _fast_peer_runs(12)[0] == ran_on  # the same seed places the same way
+
+
+def test_a_round_that_invites_few_ranks_a_sample_sized_to_its_invitations() -> None:
+    # rank_per_probe = 2 under rank_max = 30 of 40 live peers: a round that
+    # invites 3 ranks a sample of 6 plus the newest winner; one that invites
+    # 20 ranks the whole rank_max sample plus every recent winner
+    _, _, c, now = _fast_peer_runs(12)
+    spec = next(iter(c.jobs.values())).spec
+    c.config = dataclasses.replace(c.config, rank_max=30, rank_per_probe=2)
+    assert len(c.view.live(now)) > 30 and len(c._good) >= 2
+    newest = list(c._good)[-1]
+    small, sampled = c._candidates(spec, now, 3)
+    assert sampled and 3 <= len(small) <= 6 + 1
+    assert newest in {e.peer for e in small}
+    big, sampled = c._candidates(spec, now, 20)
+    assert sampled and len(big) > 7
+    assert set(c._good) <= {e.peer for e in big}
+    # 0: every round ranks rank_max, as before the knob
+    c.config = dataclasses.replace(c.config, rank_per_probe=0)
+    assert len(c._candidates(spec, now, 3)[0]) > 7
+    with pytest.raises(ValueError):
+        dataclasses.replace(c.config, rank_per_probe=-1)
 
 
 def test_an_invitee_that_never_bids_is_not_asked_again_until_it_signs_a_new_state() -> None:

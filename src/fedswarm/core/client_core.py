@@ -634,18 +634,26 @@ class ClientCore(Node):
     def _candidates(self, spec: JobSpec, now: float, want: int) -> tuple[list[ViewEntry], bool]:
         """Whom a round may rank, and whether that is a sample: the eligible
         peers of the whole live view when it holds at most ``rank_max``;
-        else those of a seeded random sample of ``rank_max`` live entries
-        plus the peers that lately won this client's awards (``_good``), the
-        whole view again when fewer than ``want`` of them are eligible (a
-        gang few peers can host). So a round costs O(rank_max), not O(view),
-        as in Sparrow's and Megha's sampling."""
+        else those of a seeded random sample of live entries plus the peers
+        that lately won this client's awards (``_good``), the whole view
+        again when fewer than ``want`` of them are eligible (a gang few
+        peers can host). The sample holds ``rank_per_probe`` entries per
+        invitation the round wants, at most ``rank_max``; a sample smaller
+        than ``rank_max`` adds only the newest quarter-sample's worth of
+        winners. So a round costs O(want), at most O(rank_max), not
+        O(view), as in Sparrow's (d probes per task) and Megha's sampling."""
         cap = self.config.rank_max
         live = self.view.live(now)
         if not cap or len(live) <= cap:
             return self._eligible(spec, now), False
-        picked = [live[i] for i in sorted(self.rng.sample(range(len(live)), cap))]
+        per = self.config.rank_per_probe
+        size = min(cap, per * want) if per else cap
+        picked = [live[i] for i in sorted(self.rng.sample(range(len(live)), size))]
         have = {e.peer for e in picked}
-        for p in self._good:
+        good = self._good
+        if size < cap:  # the newest winners, in proportion to the sample
+            good = dict.fromkeys(list(good)[-max(size // 4, 1):])
+        for p in good:
             e = self.view.get(p)
             if e is not None and p not in have and e.expires_at > now and not e.state.leaving:
                 picked.append(e)

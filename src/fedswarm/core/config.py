@@ -113,6 +113,10 @@ class ClientConfig:
     # (``ClientCore._candidates``), so its cost does not grow with the swarm;
     # a view of at most this many live peers is ranked whole. 0: always whole
     rank_max: int = 256
+    # a round that invites few peers ranks fewer: a sample of this many per
+    # invitation (at most rank_max), as Sparrow probes d per task; 0: always
+    # rank_max. A view of at most rank_max live peers is still ranked whole
+    rank_per_probe: int = 0
     explore_ratio: float = 0.25  # share of invitations sent to random peers, not the best-ranked
     bid_window_s: float = 0.5
     # a round waits less when every invitee answered before: their longest
@@ -191,6 +195,8 @@ class ClientConfig:
             raise ValueError("pull_again_share must be in [0, 1]")
         if self.rank_max < 0:
             raise ValueError("rank_max must be >= 0")
+        if self.rank_per_probe < 0:
+            raise ValueError("rank_per_probe must be >= 0")
         if not 0.0 <= self.stale_gain <= 1.0:
             raise ValueError("stale_gain must be in [0, 1]")
         if self.verify not in ("none", "auto", "always"):
