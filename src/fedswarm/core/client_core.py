@@ -79,7 +79,7 @@ import random
 import zlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
@@ -650,9 +650,9 @@ class ClientCore(Node):
         size = min(cap, per * want) if per else cap
         picked = [live[i] for i in sorted(self.rng.sample(range(len(live)), size))]
         have = {e.peer for e in picked}
-        good = self._good
+        good: Iterable[str] = self._good
         if size < cap:  # the newest winners, in proportion to the sample
-            good = dict.fromkeys(list(good)[-max(size // 4, 1):])
+            good = list(self._good)[-max(size // 4, 1):]
         for p in good:
             e = self.view.get(p)
             if e is not None and p not in have and e.expires_at > now and not e.state.leaving:
