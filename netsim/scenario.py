@@ -264,11 +264,25 @@ def _prob(v: Any, where: str) -> float:
     return float(v)
 
 
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def _overrides(v: Any, where: str, cls: type) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    t = _table(v, where, names)
+    """A ``[peer]`` or ``[client]`` table as ``cls`` fields. A field whose
+    default is a plain bool, int, float or str takes only a value of that
+    kind (an integer for a float), so a mistyped value is named here, not
+    met later as a comparison of a string with a number."""
+    defaults = {f.name: f.default for f in fields(cls)}
+    t = _table(v, where, set(defaults))
     out = {}
     for k, x in t.items():
+        want = type(defaults[k])
+        if want in _KINDS:
+            ok = (isinstance(x, bool) if want is bool
+                  else isinstance(x, str) if want is str
+                  else not isinstance(x, bool) and isinstance(x, (int, float) if want is float else int))
+            if not ok:
+                raise ScenarioError(f"{where}.{k}: must be {_KINDS[want]}, got {x!r}")
         if isinstance(x, list):
             x = tuple(x)
         out[k] = x

@@ -41,3 +41,15 @@ def test_cli_errors(tmp_path, capsys):
     sc.write_text('name = "x"\ncolour = 1\n[[swarm]]\nprofile = "cpu-laptop"\ncount = 1\n')
     assert main(["run", str(sc), "--profiles", str(SCENARIOS.parents[1] / "peers")]) == 2
     assert "unknown key" in capsys.readouterr().err
+    # a [client] or [peer] value of the wrong kind is named in one line
+    for table, line, msg in (("client", 'rank_per_probe = "16"', "client.rank_per_probe: must be an integer, got '16'"),
+                             ("client", "rank_max = 25.6", "client.rank_max: must be an integer, got 25.6"),
+                             ("peer", "renew_batch = 1", "peer.renew_batch: must be true or false, got 1"),
+                             ("peer", 'gossip_interval_s = "10"', "peer.gossip_interval_s: must be a number")):
+        sc.write_text(f'name = "x"\n[{table}]\n{line}\n[[swarm]]\nprofile = "cpu-laptop"\ncount = 1\n')
+        assert main(["run", str(sc), "--profiles", str(SCENARIOS.parents[1] / "peers")]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    # an integer is a number: a float field takes it
+    sc.write_text('name = "x"\nmax_time_s = 5\n[peer]\ngossip_interval_s = 10\n[[swarm]]\nprofile = "cpu-laptop"\ncount = 1\n')
+    assert main(["run", str(sc), "-q", "--profiles", str(SCENARIOS.parents[1] / "peers")]) == 0
