@@ -158,6 +158,30 @@ def test_forged_author_is_rejected() -> None:
     assert exc.value.reason == "bad-signature"
 
 
+@settings(max_examples=100)
+@given(st.binary(min_size=32, max_size=32), st.binary(max_size=600), st.integers(0, 10_000))
+def test_signatures_are_ed25519_as_openssl_makes_them_and_refuse_any_change(seed, data, flip) -> None:
+    # signing and checks run on libsodium; Ed25519 is deterministic, so
+    # OpenSSL (through cryptography) must give the very same bytes
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedswarm.core.identity import verify
+
+    me = Identity.from_seed(seed)
+    sig = me.sign(data)
+    assert sig == Ed25519PrivateKey.from_private_bytes(seed).sign(data)
+    verify(me.peer_id, sig, data)
+    blob = bytearray(sig + data)
+    blob[flip % len(blob)] ^= 1 << (flip % 8)
+    for bad_sig, bad_data in ((bytes(blob[:64]), bytes(blob[64:])), (sig[:63], data), (sig + b"\0", data)):
+        with pytest.raises(RemoteProtocolError) as exc:
+            verify(me.peer_id, bad_sig, bad_data)
+        assert exc.value.reason == "bad-signature"
+    with pytest.raises(RemoteProtocolError) as exc:
+        verify(ALICE.peer_id if me.peer_id != ALICE.peer_id else MALLORY.peer_id, sig, data)
+    assert exc.value.reason == "bad-signature"
+
+
 def test_unsigned_claims_are_rejected_and_cannot_be_made() -> None:
     job = JobSpec("j", "t", 1, False, 1.0, 1, 0, None, 1.0, 0.0, 0.0, b"\x80")
     with pytest.raises(LocalProtocolError):

@@ -22,12 +22,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
+import nacl.bindings
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from nacl.exceptions import BadSignatureError, CryptoError
 
 from ..errors import InputError, LocalProtocolError, RemoteProtocolError
 
@@ -95,24 +93,31 @@ def public_bytes_from_peer_id(peer_id: str) -> bytes:
     return mh[6:]
 
 
-_VERIFY_CACHE: dict[str, Ed25519PublicKey] = {}
+# peer id -> raw public key (the base58 decode is not free)
+_VERIFY_CACHE: dict[str, bytes] = {}
 
 
 def verify(peer_id: str, signature: bytes, data: bytes) -> None:
     """Check that ``peer_id``'s key signed ``data``.
+
+    Ed25519 by libsodium (PyNaCl): twice as fast as OpenSSL's here (54
+    against 113 us a check, docs/benchmarks.md), and strict: it refuses
+    non-canonical signatures and small-order keys.
 
     Raises:
         RemoteProtocolError: ``bad-signature`` or ``bad-peer-id``.
     """
     key = _VERIFY_CACHE.get(peer_id)
     if key is None:
-        key = Ed25519PublicKey.from_public_bytes(public_bytes_from_peer_id(peer_id))
+        key = public_bytes_from_peer_id(peer_id)
         if len(_VERIFY_CACHE) > 65536:
             _VERIFY_CACHE.clear()
         _VERIFY_CACHE[peer_id] = key
+    if len(signature) != 64:
+        raise RemoteProtocolError("bad-signature", f"from {peer_id[:16]}")
     try:
-        key.verify(signature, data)
-    except InvalidSignature:
+        nacl.bindings.crypto_sign_open(signature + data, key)
+    except (BadSignatureError, CryptoError, ValueError):
         raise RemoteProtocolError("bad-signature", f"from {peer_id[:16]}") from None
 
 
@@ -154,7 +159,14 @@ class Identity:
         return pid
 
     def sign(self, data: bytes) -> bytes:
-        return self.private_key.sign(data)
+        """The Ed25519 signature of ``data``: libsodium's, 1.7x faster than
+        OpenSSL's here; Ed25519 is deterministic, so the bytes are the same."""
+        sk = self.__dict__.get("_nacl_sk")
+        if sk is None:
+            sk = self.private_bytes() + self.public_bytes()  # libsodium's secret key: seed, then public key
+            object.__setattr__(self, "_nacl_sk", sk)
+        signed: bytes = nacl.bindings.crypto_sign(data, sk)
+        return signed[:64]
 
     def __repr__(self) -> str:
         return f"<Identity {self.peer_id}>"
