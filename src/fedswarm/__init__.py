@@ -36,7 +36,7 @@ from .errors import *  # noqa: F403 (its __all__: the error hierarchy)
 
 if _typing.TYPE_CHECKING:  # what __getattr__ imports, for type checkers and editors
     from .client import BlockingClient, Client, JobHandle, ShardOutput, open_client, open_swarm_client
-    from .core.client_core import JobRequest
+    from .core.events import JobRequest
     from .core.identity import Identity
     from .daemon import PeerOptions, serve_peer
     from .llm_client import NoRoute, SwarmLLM
@@ -50,7 +50,7 @@ _LAZY: dict[str, str] = {
     "JobHandle": "fedswarm.client",
     "ShardOutput": "fedswarm.client",
     "BlockingClient": "fedswarm.client",
-    "JobRequest": "fedswarm.core.client_core",
+    "JobRequest": "fedswarm.core.events",
     "Identity": "fedswarm.core.identity",
     "serve_peer": "fedswarm.daemon",
     "PeerOptions": "fedswarm.daemon",

@@ -24,7 +24,7 @@ import queue
 import random
 import threading
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import msgpack
@@ -217,7 +217,7 @@ async def open_client(
 ) -> AsyncIterator[Client]:
     """Run a client over an open transport; ``bootstrap`` are peer ids."""
     cfg = config or ClientConfig()
-    cfg = ClientConfig(**{**cfg.__dict__, "bootstrap": tuple(bootstrap) or cfg.bootstrap})
+    cfg = replace(cfg, bootstrap=tuple(bootstrap) or cfg.bootstrap)
     rng = random.Random(seed) if seed is not None else random.Random()
     core = ClientCore(identity, cfg, rng)
     client: Client

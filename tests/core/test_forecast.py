@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import heapq
 import math
@@ -104,36 +103,50 @@ def _forecasters(data: st.DataObject) -> tuple[Forecaster, Forecaster, list[View
     """Two equal forecasters over a view of generated peers: states of
     1-4 slots with slot free times or only a backlog, of several ages;
     this client's awards since some of them, bids newer than others, round
-    trips and staleness means learnt."""
+    trips and staleness means learnt. (Built twice from the same draws, not
+    copied: a compiled core's objects have no deepcopy.)"""
     f, e, spec = _setup()
     t0 = e.issued_at
     gpus = data.draw(st.integers(1, 3))
     spec = msgspec.structs.replace(spec, gpus=gpus, deadline_s=data.draw(st.sampled_from([None, 30.0])))
     times = st.floats(0.0, 200.0, allow_nan=False)
-    view = View("me", 64)
+    merges = []
     for i in range(data.draw(st.integers(1, 24))):
         slots = data.draw(st.integers(1, 4))
         free = tuple(sorted(data.draw(st.lists(times, min_size=slots, max_size=slots)))) if data.draw(st.booleans()) else ()
         s = msgspec.structs.replace(e.state, slots=slots, free_s=free, backlog_s=data.draw(times),
                                 throughput={"sim": data.draw(st.floats(0.25, 4.0))}, ttl_s=600.0)
         issued = t0 + data.draw(st.floats(0.0, 20.0))
-        view.merge(f"p{i}", s, issued, e.raw, issued)
-    f = Forecaster(ClientConfig(max_view=64), view, salt=data.draw(st.integers(0, 2**31)))
+        merges.append((f"p{i}", s, issued))
+    salt = data.draw(st.integers(0, 2**31))
+
+    def build() -> Forecaster:
+        view = View("me", 64)
+        for peer, state, issued in merges:
+            view.merge(peer, state, issued, e.raw, issued)
+        return Forecaster(ClientConfig(max_view=64), view, salt=salt)
+
+    f = build()
     now = t0 + 20.0 + data.draw(st.floats(0.0, 30.0))
-    entries = view.live(now)
+    entries = f.view.live(now)
+    calls: list[tuple[str, tuple, dict]] = []
     for x in entries:
         if data.draw(st.booleans()):  # awards since its state (some sent before it: dropped when read)
             for j in range(data.draw(st.integers(1, 12))):
-                f.note_award(x.peer, x.issued_at + data.draw(st.floats(-10.0, 5.0)),
-                             (data.draw(st.floats(0.5, 60.0)), data.draw(st.integers(1, 3)), now, "o", j, 0))
+                calls.append(("note_award", (x.peer, x.issued_at + data.draw(st.floats(-10.0, 5.0)),
+                              (data.draw(st.floats(0.5, 60.0)), data.draw(st.integers(1, 3)), now, "o", j, 0)), {}))
         if data.draw(st.booleans()):  # a bid, older or newer than the state
-            f.remember(x.issued_at + data.draw(st.floats(-5.0, 5.0)), x.peer, _bid(data.draw(times)),
-                       deadline=data.draw(st.booleans()))
+            calls.append(("remember", (x.issued_at + data.draw(st.floats(-5.0, 5.0)), x.peer, _bid(data.draw(times))),
+                          {"deadline": data.draw(st.booleans())}))
         if data.draw(st.booleans()):
-            f.sample_rtt(x.peer, now, data.draw(st.floats(0.001, 2.0)))
+            calls.append(("sample_rtt", (x.peer, now, data.draw(st.floats(0.001, 2.0))), {}))
     for k in range(len(f.stale_means)):
-        f.learn_stale((k, 0.0), _bid(data.draw(times)))
-    return f, copy.deepcopy(f), entries, spec, now
+        calls.append(("learn_stale", ((k, 0.0), _bid(data.draw(times))), {}))
+    plain = build()
+    for g in (f, plain):
+        for name, args, kw in calls:
+            getattr(g, name)(*args, **kw)
+    return f, plain, entries, spec, now
 
 
 @settings(max_examples=300, deadline=None)

@@ -79,7 +79,7 @@ import random
 import zlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Final, Iterable, Iterator, Mapping
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import ClientConfig
@@ -88,6 +88,7 @@ from .events import (
     CancelJob,
     Effect,
     Input,
+    JobRequest,
     JobAccepted,
     JobFinished,
     MessageReceived,
@@ -127,10 +128,10 @@ __all__ = ["ClientCore", "JobRequest", "ShardState"]
 
 
 class ShardState:
-    OPEN = "open"
-    BIDDING = "bidding"
-    AWARDED = "awarded"
-    DONE = "done"
+    OPEN: Final = "open"
+    BIDDING: Final = "bidding"
+    AWARDED: Final = "awarded"
+    DONE: Final = "done"
 
 
 
@@ -149,24 +150,6 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.OPEN, "result"): ShardState.DONE,
     (ShardState.BIDDING, "result"): ShardState.DONE,
 }
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """What a tenant asks for. ``work_s``: one shard's run time on ``gpus``
-    reference devices (an estimate; it steers bids and the energy choice)."""
-
-    task: str
-    shards: int
-    params: dict[str, Any] = field(default_factory=dict)
-    work_s: float = 1.0
-    gpus: int = 1
-    mem_bytes: int = 0
-    chain: bool = False
-    deadline_s: float | None = None
-    weight: float = 1.0
-    lam: float = 0.0
-    job_id: str = ""
 
 
 @dataclass(slots=True)

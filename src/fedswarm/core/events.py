@@ -24,13 +24,11 @@ Driving contract (all cores)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .client_core import JobRequest
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
+    "JobRequest",
     "Input",
     "MessageReceived",
     "ShardFinished",
@@ -56,6 +54,26 @@ __all__ = [
 
 TOPIC_PEERS = "fedswarm/peers/1"
 TOPIC_ACCUSATIONS = "fedswarm/accusations/1"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a tenant asks for. ``work_s``: one shard's run time on ``gpus``
+    reference devices (an estimate; it steers bids and the energy choice).
+    (Defined here, beside ``Submit``, and not in ``client_core``: that
+    module may run compiled, and compiled classes keep no docstring.)"""
+
+    task: str
+    shards: int
+    params: dict[str, Any] = field(default_factory=dict)
+    work_s: float = 1.0
+    gpus: int = 1
+    mem_bytes: int = 0
+    chain: bool = False
+    deadline_s: float | None = None
+    weight: float = 1.0
+    lam: float = 0.0
+    job_id: str = ""
 
 
 class Input:

@@ -78,7 +78,7 @@ import heapq
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .config import PeerConfig
@@ -135,10 +135,10 @@ __all__ = ["PeerCore", "LeaseState"]
 
 
 class LeaseState:
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    DROPPED = "dropped"
+    QUEUED: Final = "queued"
+    RUNNING: Final = "running"
+    DONE: Final = "done"
+    DROPPED: Final = "dropped"
 
 
 _TRANSITIONS: dict[tuple[str, str], str] = {

@@ -97,6 +97,9 @@ class View:
         self.graveyard: OrderedDict[str, float] = OrderedDict()  # oldest first
         #: (expires_at, peer) of every entry merged; stale items are skipped
         self._expiry: list[tuple[float, str]] = []
+        #: stale heap items allowed beyond 4 per entry before the heaps are
+        #: compacted (``_compact``; a test sets it huge: never compacted)
+        self.compact_slack = 64
         #: (slots, slots with known occupancy, busy ones) summed over the
         #: counted entries: those not leaving and not yet seen expired by
         #: ``capacity``, kept up to date on every change (see ``capacity``)
@@ -147,7 +150,7 @@ class View:
         if self._nl is not None:
             self._nl_put(old, e)
         heapq.heappush(self._expiry, (issued_at + state.ttl_s, peer))
-        if len(self._expiry) > 4 * len(self._entries) + 64:
+        if len(self._expiry) > 4 * len(self._entries) + self.compact_slack:
             self._compact()
         self._version += 1
         self.graveyard.pop(peer, None)
@@ -372,7 +375,7 @@ class View:
         e.counted = True
         self._cap_seq += 1
         heapq.heappush(self._cap_heap, (e.expires_at, self._cap_seq, e))
-        if len(self._cap_heap) > 4 * len(self._entries) + 64:
+        if len(self._cap_heap) > 4 * len(self._entries) + self.compact_slack:
             self._compact()
 
     def _uncount(self, e: ViewEntry) -> None:

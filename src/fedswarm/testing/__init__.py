@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from fedswarm.core.client_core import ClientCore, JobRequest
@@ -85,7 +85,7 @@ class MiniSwarm:
         for i, idn in enumerate(ids):
             cfg = self.peer_config(i) if self.peer_config else PeerConfig()
             member = issue_membership(self.federation, idn.peer_id, 1e12) if i in self.trusted else b""
-            cfg = PeerConfig(**{**cfg.__dict__, "bootstrap": boot, "federations": feds, "membership": member})
+            cfg = replace(cfg, bootstrap=boot, federations=feds, membership=member)
             self.peers[idn.peer_id] = PeerCore(idn, cfg, random.Random(self.seed * 1000 + i), verify_cache=self.cache)
         self.clients: dict[str, ClientCore] = {}
         self.dead: set[str] = set()
@@ -104,8 +104,8 @@ class MiniSwarm:
 
     def add_client(self, i: int = 0, **kw: Any) -> ClientCore:
         idn = ident(10_000 + i, self.seed)
-        cfg = ClientConfig(**{**self.client_config.__dict__, "bootstrap": (next(iter(sorted(self.peers))),),
-                              "federations": frozenset({self.federation.peer_id}), **kw})
+        cfg = replace(self.client_config, bootstrap=(next(iter(sorted(self.peers))),),
+                      federations=frozenset({self.federation.peer_id}), **kw)
         c = ClientCore(idn, cfg, random.Random(self.seed + 77 + i), verify_cache=self.cache)
         self.clients[idn.peer_id] = c
         self._perform(idn.peer_id, c.start(self.now))
