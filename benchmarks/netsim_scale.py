@@ -8,8 +8,8 @@ peer (``--shards`` overrides). Each size runs in its own process, one after
 the other, so that its peak RSS is its own. Prints, per size: wall seconds,
 simulated seconds, events, events per second, peak RSS, messages per peer
 per second (and split into gossip, leases and scheduling), CPU seconds
-(steadier than wall time on a shared box), and shards
-lost / duplicated. Run from the repository root::
+(steadier than wall time on a shared box), shards lost / duplicated, and
+whether the core ran compiled (``scripts/build_native.py``). Run from the repository root::
 
     .venv/bin/python benchmarks/netsim_scale.py [--peers 1000 3000 10000] [--seed S] [--shards M]
         [--max-time T] [--profile]
@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import fedswarm.core  # noqa: E402
 from netsim.scenario import load_scenario  # noqa: E402
 from netsim.sim import Simulator  # noqa: E402
 
@@ -77,7 +78,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "events_per_s": round(sim.events / wall), "cpu_s": round(_cpu_s(), 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "makespan_s": s["makespan_s"], "msgs_per_peer_s": s["msgs_per_peer_s"], "split": split,
-        "bytes_per_peer_s": s["bytes_per_peer_s"],
+        "bytes_per_peer_s": s["bytes_per_peer_s"], "native": fedswarm.core.NATIVE,
     }
     if prof:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
@@ -113,20 +114,20 @@ def main() -> None:
         print(f"peers={r['peers']} shards={r['shards']} jobs={r['jobs']} completed={r['completed']} "
               f"lost={r['lost']} duplicated={r['duplicated']} wall_s={r['wall_s']} sim_s={r['sim_s']} "
               f"events={r['events']} events_per_s={r['events_per_s']} cpu_s={r['cpu_s']} peak_rss_mb={r['peak_rss_mb']} "
-              f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f}", flush=True)
+              f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f} native_core={r.get('native', False)}", flush=True)
     if not rows:
         sys.exit(1)
     print()
     print("| peers | shards | wall s | CPU s | sim s | events | events/s | peak RSS MB | msgs/peer/s (gossip, leases, sched.) "
-          "| lost/dup |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| lost/dup | compiled core |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sp = r["split"]
         parts = ", ".join(f"{sp[k]:.3f}" for k in ("gossip", "leases", "scheduling") if k in sp)
         print(f"| {r['peers']:,} | {r['shards']:,} | {r['wall_s']} | {r['cpu_s']} | {r['sim_s']} | "
               f"{r['events']:,} | "
               f"{r['events_per_s']:,} | {r['peak_rss_mb']:,} | {r['msgs_per_peer_s']:.3f} ({parts}) | "
-              f"{r['lost']}/{r['duplicated']} |")
+              f"{r['lost']}/{r['duplicated']} | {'yes' if r.get('native') else 'no'} |")
     if any(r["lost"] or r["duplicated"] for r in rows if not args.max_time):
         sys.exit(1)
 

