@@ -114,7 +114,7 @@ def main() -> None:
         print(f"peers={r['peers']} shards={r['shards']} jobs={r['jobs']} completed={r['completed']} "
               f"lost={r['lost']} duplicated={r['duplicated']} wall_s={r['wall_s']} sim_s={r['sim_s']} "
               f"events={r['events']} events_per_s={r['events_per_s']} cpu_s={r['cpu_s']} peak_rss_mb={r['peak_rss_mb']} "
-              f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f} native_core={r.get('native', False)}", flush=True)
+              f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f} native_core={r['native']}", flush=True)
     if not rows:
         sys.exit(1)
     print()
@@ -127,7 +127,7 @@ def main() -> None:
         print(f"| {r['peers']:,} | {r['shards']:,} | {r['wall_s']} | {r['cpu_s']} | {r['sim_s']} | "
               f"{r['events']:,} | "
               f"{r['events_per_s']:,} | {r['peak_rss_mb']:,} | {r['msgs_per_peer_s']:.3f} ({parts}) | "
-              f"{r['lost']}/{r['duplicated']} | {'yes' if r.get('native') else 'no'} |")
+              f"{r['lost']}/{r['duplicated']} | {'yes' if r['native'] else 'no'} |")
     if any(r["lost"] or r["duplicated"] for r in rows if not args.max_time):
         sys.exit(1)
 

@@ -155,7 +155,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _core_kind() -> str:
     """``compiled`` when fedswarm's core runs as its mypyc build, else
-    ``python`` (``scripts/build_native.py``: about 0.7x the time at scale)."""
+    ``python`` and how to compile it (about 0.7x the time at scale)."""
     import fedswarm.core
 
     return "compiled" if fedswarm.core.NATIVE else "python (scripts/build_native.py compiles it)"

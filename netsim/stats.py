@@ -32,9 +32,7 @@ def rho(jct_s: float, work_s: float, shards: int, gpus: int, chain: bool, capaci
     it, so we pass the share as a capacity with one tenant.
     """
     share = capacity / max(tenants, 1.0)
-    # float(): a trace's whole-second work would otherwise come back an int
-    # where the chain's floor wins, and from the compiled core a float
-    t_alone = alone_time(float(work_s), shards, gpus, chain, share, 1)
+    t_alone = alone_time(work_s, shards, gpus, chain, share, 1)
     return jct_s / t_alone, t_alone
 
 

@@ -26,6 +26,7 @@ Needs a C compiler and mypy (the ``dev`` extra).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -52,6 +53,16 @@ sys.argv = [sys.argv[0], "build_ext", "--build-lib", "lib", "--build-temp", "tmp
 setup(name="fedswarm_core_native", ext_modules=mypycify(paths, group_name="fedswarm.core._native",
                                                      opt_level="3"))
 """
+
+
+def _missing_tools() -> str:
+    """What the build needs and this machine lacks ("" when nothing)."""
+    if importlib.util.find_spec("mypyc") is None:
+        return "mypyc is not installed (it comes with mypy, the dev extra: pip install -e '.[dev]')"
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        return f"no C compiler ({cc}) on PATH (Debian: apt-get install gcc)"
+    return ""
 
 
 def build() -> None:
@@ -103,6 +114,11 @@ def main() -> int:
         if not args.quiet:
             print("build_native: current, nothing to do")
         return 0
+    missing = _missing_tools()
+    if missing:
+        now = "the current build stays in use" if current else "it runs as Python"
+        print(f"build_native: cannot compile the core: {missing}; {now}", file=sys.stderr)
+        return 1
     print(f"build_native: compiling {len(NATIVE_MODULES)} modules of fedswarm.core with mypyc "
           "(about 35 s)", flush=True)
     build()

@@ -44,16 +44,14 @@ RUNS = [
 
 _CHILD = """
 import hashlib, json, sys
-from dataclasses import replace
+sys.path.insert(0, "benchmarks")
 import fedswarm.core
+import netsim_scale
 from netsim import dumps_results, load_scenario, run_scenario
 out = {"native": fedswarm.core.NATIVE}
 for name, seed, peers in json.loads(sys.argv[1]):
-    sc = load_scenario("netsim/scenarios/" + name)
-    if peers:  # scale-10k at a size a test can afford: 10 shards per peer
-        sc = sc.scaled(peers)
-        jobs = max(10 * peers // (len(sc.tenants) * int(sc.tenants[0]["shards"])), 1)
-        sc = replace(sc, tenants=[{**t, "jobs": jobs, "rate_per_h": 30 * jobs} for t in sc.tenants])
+    # scale-10k as benchmarks/netsim_scale.py scales it (10 shards per peer)
+    sc = netsim_scale.scenario(peers) if peers else load_scenario("netsim/scenarios/" + name)
     out[name] = hashlib.sha256(dumps_results(run_scenario(sc, seed)).encode()).hexdigest()
 print(json.dumps(out))
 """

@@ -41,7 +41,9 @@ def alone_time(work_s: float, shards: int, gpus: int, chain: bool, swarm_slots: 
     share = max(swarm_slots / max(tenants, 1), 1e-9)
     floor = work_s * shards if chain else work_s
     fluid = work_s * shards * max(gpus, 1) / share
-    return max(floor, fluid, 1e-9)
+    # float(): an int work (a trace's whole seconds) where the floor wins
+    # would come back an int from Python and a float compiled
+    return float(max(floor, fluid, 1e-9))
 
 
 def run_time(job: "JobSpec", throughput: dict[str, float]) -> float:
