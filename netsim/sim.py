@@ -62,26 +62,43 @@ MSG, POLL, FIN, SUBMIT, START, CRASH, LEAVE, LEAVE_END, JOIN, FORGET, RESCHED, H
 _ACTION = {"start": START, "submit": SUBMIT, "crash": CRASH, "leave": LEAVE, "join": JOIN, "hang": HANG,
            "resume": RESUME}
 CLIENT_RESCHED_S = 0.01  # a client's deadline is re-read at most this late after a message
-_FREEZE_EVERY = (1 << 20) - 1  # events between gc.freeze() calls (mask)
+_FREEZE_EVERY = (1 << 20) - 1  # events between collections (mask)
+
+
+def _collect_and_freeze() -> None:
+    """The loop's garbage collection, every 2^20 events: collect what was
+    made since the last call (the young generations), then freeze what
+    survived out of every later collection."""
+    gc.collect(1)
+    gc.freeze()
 
 
 @contextmanager
 def _young_gc() -> Iterator[None]:
-    """Collect only young objects while the loop runs.
+    """No automatic garbage collection while the loop runs.
 
     A large swarm holds millions of long-lived objects (views, ledgers,
     queued messages). CPython's full collections walk all of them, and took
-    a third of a 5,000-peer run's time. The loop freezes what has survived
-    every 2^20 events (``gc.freeze``: later collections skip it; it is
-    still freed by reference counting) and collects less often. Results do
-    not depend on it: nothing in the simulation reads object identity or
-    finalisers.
-    Re-entrant: only the outermost one sets and restores the thresholds and
-    unfreezes. ``netsim run`` runs the loop in slices of ~0.25 s for its
-    progress line; restoring CPython's defaults after each slice made the
-    next allocations collect every unfrozen object of a 10,000-peer swarm,
-    18% of such a run's time (py-spy), so ``run_sim`` holds one around the
-    slices.
+    a third of a 5,000-peer run's time. Its young collections cost too:
+    with the earlier thresholds (100,000, 50, 100), every 50th walked the
+    millions of objects made since the last freeze, and each checks every
+    object it walks against its referents, scattered over gigabytes. In a
+    10,000-peer run that was 7 to 10% of the CPU, and 12% with the data it
+    evicted from the caches (against a run with no collection at all; 3 to
+    5% remained with only the youngest generation collected). The
+    simulation makes little cyclic garbage: that run's peak RSS was the
+    same with no collection at all. So automatic collection is off, and
+    the loop collects the young generations itself every 2^20 events, then
+    freezes what survived (``gc.freeze``: no later collection walks it; it
+    is still freed by reference counting): garbage cycles live at most
+    that long. Results do not depend on it: nothing in the simulation reads
+    object identity or finalisers.
+    Re-entrant: only the outermost one turns collection off and back on
+    and unfreezes. ``netsim run`` runs the loop in slices of ~0.25 s for
+    its progress line; restoring CPython's settings after each slice made
+    the next allocations collect every unfrozen object of a 10,000-peer
+    swarm, 18% of such a run's time (py-spy), so ``run_sim`` holds one
+    around the slices.
     """
     global _gc_depth
     _gc_depth += 1
@@ -91,13 +108,14 @@ def _young_gc() -> Iterator[None]:
         finally:
             _gc_depth -= 1
         return
-    old = gc.get_threshold()
-    gc.set_threshold(100_000, 50, 100)
+    was = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
         _gc_depth -= 1
-        gc.set_threshold(*old)
+        if was:
+            gc.enable()
         gc.unfreeze()
 
 
@@ -551,7 +569,7 @@ class Simulator:
     def _loop(self, t_end: float) -> None:
         q = self.q
         pop = heapq.heappop
-        freeze = gc.freeze
+        freeze = _collect_and_freeze
         while q:
             t = q[0][0]
             if t >= t_end or t > self.stop_at:
@@ -560,7 +578,7 @@ class Simulator:
             self.now = t
             self.events += 1
             if not self.events & _FREEZE_EVERY:
-                freeze()  # survivors so far: out of every later collection
+                freeze()  # collect the young, then freeze the survivors
             if kind == MSG:
                 if not a.alive:
                     continue
