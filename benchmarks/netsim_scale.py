@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import fedswarm.core  # noqa: E402
+from netsim import hugepages  # noqa: E402
 from netsim.scenario import load_scenario  # noqa: E402
 from netsim.sim import Simulator  # noqa: E402
 
@@ -79,6 +80,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "makespan_s": s["makespan_s"], "msgs_per_peer_s": s["msgs_per_peer_s"], "split": split,
         "bytes_per_peer_s": s["bytes_per_peer_s"], "native": fedswarm.core.NATIVE,
+        "huge_pages": hugepages.status(),
     }
     if prof:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
@@ -114,20 +116,20 @@ def main() -> None:
         print(f"peers={r['peers']} shards={r['shards']} jobs={r['jobs']} completed={r['completed']} "
               f"lost={r['lost']} duplicated={r['duplicated']} wall_s={r['wall_s']} sim_s={r['sim_s']} "
               f"events={r['events']} events_per_s={r['events_per_s']} cpu_s={r['cpu_s']} peak_rss_mb={r['peak_rss_mb']} "
-              f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f} native_core={r['native']}", flush=True)
+              f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f} native_core={r['native']} huge_pages={r['huge_pages']}", flush=True)
     if not rows:
         sys.exit(1)
     print()
     print("| peers | shards | wall s | CPU s | sim s | events | events/s | peak RSS MB | msgs/peer/s (gossip, leases, sched.) "
-          "| lost/dup | compiled core |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| lost/dup | compiled core | huge pages |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sp = r["split"]
         parts = ", ".join(f"{sp[k]:.3f}" for k in ("gossip", "leases", "scheduling") if k in sp)
         print(f"| {r['peers']:,} | {r['shards']:,} | {r['wall_s']} | {r['cpu_s']} | {r['sim_s']} | "
               f"{r['events']:,} | "
               f"{r['events_per_s']:,} | {r['peak_rss_mb']:,} | {r['msgs_per_peer_s']:.3f} ({parts}) | "
-              f"{r['lost']}/{r['duplicated']} | {'yes' if r['native'] else 'no'} |")
+              f"{r['lost']}/{r['duplicated']} | {'yes' if r['native'] else 'no'} | {r['huge_pages']} |")
     if any(r["lost"] or r["duplicated"] for r in rows if not args.max_time):
         sys.exit(1)
 

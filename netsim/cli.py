@@ -13,7 +13,7 @@ import time
 from typing import Any
 from pathlib import Path
 
-from . import dumps_results
+from . import dumps_results, hugepages
 from .scenario import ScenarioError, load_scenario
 from .sim import Simulator
 from .workload import TraceError, read_trace
@@ -139,7 +139,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     print(
         f"netsim: {sc.name} seed={args.seed} peers={sc.n_peers} sim={sim.now:.1f}s events={sim.events} "
-        f"wall={wall:.2f}s ({sim.events / max(wall, 1e-9):.0f} events/s) core={_core_kind()}",
+        f"wall={wall:.2f}s ({sim.events / max(wall, 1e-9):.0f} events/s) core={_core_kind()} "
+        f"huge_pages={hugepages.status()}",
         file=sys.stderr,
     )
     if args.plot is not None:

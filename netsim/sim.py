@@ -49,6 +49,7 @@ from fedswarm.errors import RemoteProtocolError
 from fedswarm.core.wire import VerifyCache, decode_unverified
 from fedswarm.profiles import Profile
 
+from . import hugepages
 from .stats import StepFn
 from .plan import ClientPlan, PeerPlan, Plan, make_plan
 from .report import JobRec, NodeRun, RunRecord, open_runs, report
@@ -157,6 +158,7 @@ class Simulator:
         plan: Plan | None = None,
     ) -> None:
         """``plan``: one made by ``netsim.plan.make_plan(scenario, seed, jobs=jobs)`` (made here if None)."""
+        hugepages.enable()  # the swarm's objects on huge pages, where built (netsim.hugepages)
         if plan is None:
             plan = make_plan(scenario, seed, jobs=jobs)
         self.plan = plan

@@ -1,0 +1,86 @@
+"""Python's small objects on transparent huge pages, for large simulations.
+
+A 10,000-peer run keeps about 4 GB of small objects and touches them in no
+useful order (one peer's state, then another's), so on 4 KiB pages much of
+its time went to TLB misses. ``netsim/_hugearena.c``, compiled by
+``scripts/build_native.py``, hands CPython's allocator its 1 MiB arenas from
+2 MiB-aligned regions marked ``MADV_HUGEPAGE``; the kernel then backs them
+with huge pages wherever transparent huge pages are "always" or "madvise"
+(Debian's default). On this project's 2-core VM that took 10 to 14% off the
+CPU of scale-10k's busy phase (docs/benchmarks.md).
+
+Where the arenas lie changes no result. ``enable()`` is called by every
+simulator; it does nothing when the extension is missing or was built from
+another source (the SHA-256 that ``build_native`` records beside it), when
+``NETSIM_HUGE_PAGES=0``, or when CPython's own allocator is not in use
+(``PYTHONMALLOC``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "_hugearena.c"
+#: the SHA-256 of the source the extension was built from
+STAMP = HERE / "_hugearena.sha256"
+
+_state: dict[str, object] = {}
+
+
+def built_path() -> Path:
+    return HERE / ("_hugearena" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
+def build_current() -> bool:
+    """Whether the extension beside this file was built from its present source."""
+    try:
+        return built_path().is_file() and STAMP.read_text().strip() == source_hash()
+    except OSError:
+        return False
+
+
+def _why_not() -> str:
+    if os.environ.get("NETSIM_HUGE_PAGES", "1") == "0":
+        return "off (NETSIM_HUGE_PAGES=0)"
+    if os.environ.get("PYTHONMALLOC", "") not in ("", "pymalloc"):
+        return f"off (PYTHONMALLOC={os.environ['PYTHONMALLOC']})"
+    if not sys.platform.startswith("linux"):
+        return "off (Linux only)"
+    if not build_current():
+        return "off (not built: scripts/build_native.py)"
+    return ""
+
+
+def enable() -> bool:
+    """Put the interpreter's arenas on huge-page regions from now on (once
+    per process, never undone). Returns whether they are."""
+    if "on" not in _state:
+        why = _why_not()
+        if not why:
+            importlib.import_module("netsim._hugearena").enable()
+        _state["on"] = not why
+        _state["why"] = why or "on"
+    return bool(_state["on"])
+
+
+def status() -> str:
+    """``on``, or why not (for ``netsim run``'s last line)."""
+    return str(_state.get("why", "off (not asked)"))
+
+
+def stats() -> dict[str, int]:
+    """The extension's counters (regions mapped, arenas handed out and
+    reused); empty while it is off."""
+    if not _state.get("on"):
+        return {}
+    return dict(importlib.import_module("netsim._hugearena").stats())
