@@ -11,42 +11,44 @@ CPU of scale-10k's busy phase (docs/benchmarks.md).
 
 Where the arenas lie changes no result. ``enable()`` is called by every
 simulator; it does nothing when the extension is missing or was built from
-another source (the SHA-256 that ``build_native`` records beside it), when
+another source or interpreter (the manifest ``build_native`` writes beside it,
+checked as for the compiled core: ``fedswarm.core.native_ok``), when
 ``NETSIM_HUGE_PAGES=0``, or when CPython's own allocator is not in use
 (``PYTHONMALLOC``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import sys
 import sysconfig
 from pathlib import Path
 
+from fedswarm.core import native_manifest, native_ok
+
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_hugearena.c"
-#: the SHA-256 of the source the extension was built from
-STAMP = HERE / "_hugearena.sha256"
+#: where scripts/build_native.py puts the extension and its manifest.json
+#: (the source's SHA-256 and the interpreter's suffix: fedswarm.core.native_ok)
+NATIVE_DIR = HERE / "_native"
+_SOURCES = (SOURCE.name,)
 
 _state: dict[str, object] = {}
 
 
 def built_path() -> Path:
-    return HERE / ("_hugearena" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    return NATIVE_DIR / ("_hugearena" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
 
-def source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+def manifest() -> dict[str, object]:
+    """What a build of the present source is valid for (``native_manifest``)."""
+    return native_manifest(HERE, _SOURCES)
 
 
 def build_current() -> bool:
-    """Whether the extension beside this file was built from its present source."""
-    try:
-        return built_path().is_file() and STAMP.read_text().strip() == source_hash()
-    except OSError:
-        return False
+    """Whether ``_native/`` holds a build of the present source for this interpreter."""
+    return built_path().is_file() and native_ok(NATIVE_DIR, HERE, _SOURCES)
 
 
 def _why_not() -> str:
@@ -67,7 +69,10 @@ def enable() -> bool:
     if "on" not in _state:
         why = _why_not()
         if not why:
-            importlib.import_module("netsim._hugearena").enable()
+            try:
+                importlib.import_module("netsim._native._hugearena").enable()
+            except ImportError as exc:  # a damaged build: run without it, and say why
+                why = f"off (cannot load {built_path().name}: {exc})"
         _state["on"] = not why
         _state["why"] = why or "on"
     return bool(_state["on"])
@@ -83,4 +88,4 @@ def stats() -> dict[str, int]:
     reused); empty while it is off."""
     if not _state.get("on"):
         return {}
-    return dict(importlib.import_module("netsim._hugearena").stats())
+    return dict(importlib.import_module("netsim._native._hugearena").stats())

@@ -85,8 +85,9 @@ def _young_gc() -> Iterator[None]:
     millions of objects made since the last freeze, and each checks every
     object it walks against its referents, scattered over gigabytes. In a
     10,000-peer run that was 7 to 10% of the CPU, and 12% with the data it
-    evicted from the caches (against a run with no collection at all; 3 to
-    5% remained with only the youngest generation collected). The
+    evicted from the caches (against a run with no collection at all; up
+    to 6% per 20 simulated seconds remained with only the youngest
+    generation collected). The
     simulation makes little cyclic garbage: that run's peak RSS was the
     same with no collection at all. So automatic collection is off, and
     the loop collects the young generations itself every 2^20 events, then

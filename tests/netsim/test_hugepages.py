@@ -10,7 +10,6 @@ out of it again. ``scripts/test.sh`` builds the extension first; under
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -59,19 +58,23 @@ def _run_both() -> tuple[dict, dict]:
 
 
 def test_a_build_is_used_only_while_it_matches_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src, stamp = tmp_path / "_hugearena.c", tmp_path / "_hugearena.sha256"
-    so = tmp_path / hugepages.built_path().name
+    src = tmp_path / "_hugearena.c"
     src.write_text("/* the source */\n")
-    monkeypatch.setattr(hugepages, "SOURCE", src)
-    monkeypatch.setattr(hugepages, "STAMP", stamp)
     monkeypatch.setattr(hugepages, "HERE", tmp_path)
+    monkeypatch.setattr(hugepages, "SOURCE", src)
+    monkeypatch.setattr(hugepages, "NATIVE_DIR", tmp_path / "_native")
     assert not hugepages.build_current()  # nothing built
-    so.write_bytes(b"\x7fELF")
-    assert not hugepages.build_current()  # built, no stamp
-    stamp.write_text(hashlib.sha256(src.read_bytes()).hexdigest() + "\n")
+    hugepages.NATIVE_DIR.mkdir()
+    hugepages.built_path().write_bytes(b"\x7fELF")
+    assert not hugepages.build_current()  # built, no manifest
+    (hugepages.NATIVE_DIR / "manifest.json").write_text(json.dumps(hugepages.manifest()))
     assert hugepages.build_current()
     src.write_text("/* the source, edited after the build */\n")
     assert not hugepages.build_current()
+    src.write_text("/* the source */\n")
+    assert hugepages.build_current()
+    hugepages.built_path().unlink()
+    assert not hugepages.build_current()  # a manifest without the extension
 
 
 def test_huge_page_arenas_give_the_same_bytes() -> None:

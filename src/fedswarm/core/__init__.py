@@ -16,7 +16,7 @@ import os
 import sysconfig
 from pathlib import Path
 
-__all__ = ["NATIVE", "NATIVE_MODULES", "native_manifest", "native_ok"]
+__all__ = ["NATIVE", "NATIVE_MODULES", "NATIVE_SOURCES", "native_manifest", "native_ok"]
 
 #: the modules compiled by scripts/build_native.py (the rest stay Python:
 #: the msgspec wire structs, the events, the identity)
@@ -26,22 +26,26 @@ NATIVE_MODULES: tuple[str, ...] = (
 )
 
 
-def native_manifest(source_dir: Path) -> dict[str, object]:
-    """What a build of ``source_dir``'s ``NATIVE_MODULES`` is valid for: the
+#: the sources of the compiled modules, as ``native_manifest`` names them
+NATIVE_SOURCES: tuple[str, ...] = tuple(f"{m}.py" for m in NATIVE_MODULES)
+
+
+def native_manifest(source_dir: Path, sources: tuple[str, ...] = NATIVE_SOURCES) -> dict[str, object]:
+    """What a build of ``sources`` (in ``source_dir``) is valid for: the
     interpreter's extension suffix and each source's SHA-256."""
     return {
         "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        "sources": {f"{m}.py": hashlib.sha256((source_dir / f"{m}.py").read_bytes()).hexdigest()
-                    for m in NATIVE_MODULES},
+        "sources": {name: hashlib.sha256((source_dir / name).read_bytes()).hexdigest() for name in sources},
     }
 
 
-def native_ok(native_dir: Path, source_dir: Path) -> bool:
+def native_ok(native_dir: Path, source_dir: Path, sources: tuple[str, ...] = NATIVE_SOURCES) -> bool:
     """Whether ``native_dir`` holds a build of exactly ``source_dir``'s
-    sources for this interpreter."""
+    ``sources`` for this interpreter (its ``manifest.json``; the same rule
+    serves netsim's huge-page allocator, netsim.hugepages)."""
     try:
         found = json.loads((native_dir / "manifest.json").read_text())
-        return bool(found == native_manifest(source_dir))
+        return bool(found == native_manifest(source_dir, sources))
     except (OSError, ValueError):
         return False
 
