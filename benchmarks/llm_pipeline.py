@@ -29,7 +29,10 @@ with a local generation in this process taking its turn in every round.
 Its added latency per hop is the median over rounds of (the setup's step
 time - the same round's local step time) / hops, so the machine's speed
 drifting between the local run at the start and the swarms' minutes later
-(1-2 ms per token here) does not enter it.
+(1-2 ms per token here) does not enter it. ``--floor`` adds a fifth setup to
+those rounds: the same split over processes with nothing between them
+(``hop_floor.RawChain``: blocking raw TCP, no checks), the part of a hop's
+cost that belongs to this machine rather than to fedswarm's code.
 
 With ``--concurrent N`` (default 8) a ``peer api`` process is started in
 front of the longest chain and N streams (the ``openai`` client, one thread
@@ -222,7 +225,8 @@ def bench_chain(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
 
 
 def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], prompt: list[int], n_new: int,
-                repeats: int, model: tuple[Any, Any], baseline: Path | None = None) -> dict[str, Any]:
+                repeats: int, model: tuple[Any, Any], baseline: Path | None = None,
+                floor: bool = False) -> dict[str, Any]:
     """The same chain twice at once: peers and client with direct lanes
     (``fedswarm.net.lane``) and with every request on py-libp2p
     (``--no-lane``). Generations take turns between the four setups (lanes
@@ -235,10 +239,20 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
     setup's ``paired_ms_per_hop`` the median over rounds of (its step time
     - that round's local step time) / hops, which a drift of the machine's
     speed between the local run and the swarms' cannot bias. ``model``:
-    ``local_model(d)``, loaded once for every table."""
-    swarms = {lane: start_swarm(tmp / f"lanes{len(blocks)}-{int(lane)}", d, blocks, lane or baseline is not None,
-                                tree=baseline if not lane else None) for lane in (False, True)}
+    ``local_model(d)``, loaded once for every table. ``floor``: a
+    ``hop_floor.RawChain`` of the same split takes its turn in each round too
+    (``floor`` holds its figures, and each setup's ``over_floor_ms_per_hop``
+    the median over rounds of its step time minus the chain's, per hop)."""
+    from hop_floor import RawChain
+
+    chain = RawChain(d, [(int(b.split(":")[0]), int(b.split(":")[1])) for b in blocks],
+                     max_len=len(prompt) + n_new) if floor else None
+    swarms: dict[bool, LocalSwarm] = {}
     try:
+        for lane in (False, True):
+            swarms[lane] = start_swarm(tmp / f"lanes{len(blocks)}-{int(lane)}", d, blocks, lane or baseline is not None,
+                                       tree=baseline if not lane else None)
+
         async def main() -> dict[str, Any]:
             out: dict[str, Any] = {}
             llms: dict[bool, Any] = {}
@@ -264,10 +278,13 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
                 runs: dict[tuple[bool, bool], list[Any]] = {s: [] for s in setups}
                 local_tok_s: list[float] = []
                 local_tokens: list[list[int]] = []
+                floor_runs: list[tuple[float, list[int]]] = []
                 for _ in range(repeats + 1):
                     _, t, toks = local_generate(model, prompt, n_new)
                     local_tok_s.append(t)
                     local_tokens.append(toks)
+                    if chain is not None:  # blocks this loop for its turn, as the local generation does
+                        floor_runs.append(chain.generate(model[0], prompt, n_new))
                     for lane, fw in setups:
                         llm, plain = llms[lane]
                         runs[(lane, fw)].append(await (llm if fw else plain).generate(prompt, n_new))
@@ -283,6 +300,16 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
                         "paired_ms_per_hop": statistics.median(
                             (1.0 / r.decode_tokens_per_s - 1.0 / lt) / hops * 1e3
                             for r, lt in zip(rs, local_tok_s[1:]))}
+                if floor_runs:
+                    fl = floor_runs[1:]
+                    out["floor"] = {"tok_s": statistics.median(t for t, _ in fl),
+                                    "same_tokens": all(toks == ref for _, toks in fl),
+                                    "paired_ms_per_hop": statistics.median(
+                                        (1.0 / t - 1.0 / lt) / hops * 1e3 for (t, _), lt in zip(fl, local_tok_s[1:]))}
+                    for (lane, fw), rs in runs.items():
+                        out[f"{'lanes' if lane else 'libp2p'}-{'forward' if fw else 'client'}"][
+                            "over_floor_ms_per_hop"] = statistics.median(
+                            (1.0 / r.decode_tokens_per_s - 1.0 / t) / hops * 1e3 for r, (t, _) in zip(rs[1:], fl))
                 for fw in (True, False):  # ms per hop of the first swarm over the second, round by round
                     pairs = zip(runs[(True, fw)][1:], runs[(False, fw)][1:])
                     out[f"diff-{'forward' if fw else 'client'}"] = statistics.median(
@@ -298,6 +325,8 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
     finally:
         for sw in swarms.values():
             sw.close()
+        if chain is not None:
+            chain.close()
 
 
 QUESTION = "What is the capital of France? Answer in one sentence."
@@ -426,6 +455,9 @@ def main() -> int:
                          "lanes) instead of with py-libp2p alone, e.g. a `git worktree` of the previous commit; "
                          "the client (in this process) runs this tree's code for both, so this compares "
                          "serving-side changes only")
+    ap.add_argument("--floor", action="store_true",
+                    help="in the side-by-side runs, add the same split with nothing between the processes "
+                         "(benchmarks/hop_floor.py): this machine's own share of a hop")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     if a.baseline_tree is not None and not (a.baseline_tree / "src" / "fedswarm").is_dir():
@@ -469,7 +501,7 @@ def main() -> int:
         lanes: dict[str, Any] = {}
         for n in [int(x) for x in a.lanes.split(",") if x and int(x) <= layers]:
             lanes[str(n)] = bench_lanes(tmp, d, head, mhash, splits(layers, n), prompt, a.new, a.repeats,
-                                        model, a.baseline_tree)
+                                        model, a.baseline_tree, a.floor)
             print(f"  lanes against libp2p, {n} peer(s) done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
         rec = None if a.no_recovery else bench_recovery(tmp, d, head, mhash, layers, prompt, a.new)
     elapsed = time.perf_counter() - t_start
@@ -517,6 +549,17 @@ def main() -> int:
         print(f"{mine} minus {other}, ms per hop, median over rounds of the same round's difference: "
               + "; ".join(f"{n} peers {r['diff-forward']:+.2f} forwarding, {r['diff-client']:+.2f} client hops"
                           for n, r in lanes.items()))
+        floors = {n: r for n, r in lanes.items() if "floor" in r}
+        if floors:
+            print("the floor (hop_floor.RawChain, the same split with nothing between the processes, in the same "
+                  "rounds): decode tok/s, x local, +ms/hop; then each setup's ms per hop over the floor, median "
+                  "over rounds of the same round's difference")
+            for n, r in floors.items():
+                f = r["floor"]
+                print(f"  {n} peer{'s' if n != '1' else ''}: floor {f['tok_s']:.1f} {f['tok_s'] / r['local']['tok_s']:.3f} "
+                      f"{f['paired_ms_per_hop']:+.2f} (tokens {'same' if f['same_tokens'] else 'DIFFERENT'}); over it: "
+                      + ", ".join(f"{k} {r[k]['over_floor_ms_per_hop']:+.2f}"
+                                  for k in ("libp2p-forward", "lanes-forward", "libp2p-client", "lanes-client")))
     print()
     targets = []
     last = str(chains[-1]) if chains else None
