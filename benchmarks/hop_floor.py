@@ -18,8 +18,12 @@ head.
 Each round runs one greedy generation in this process (the whole model, as
 ``llm_pipeline.py``'s local run) and one through the chain, in turns, and
 takes that round's added latency per hop: (chain step time - local step
-time) / peers. Medians over the rounds after a warm-up; every round checks
-that the chain gave the local tokens. ``llm_pipeline.py --lanes N --floor``
+time) / peers. A second chain, beside it in the same rounds, differs in one
+thing: each process hands the step to a worker thread for the forward and
+the onward send, as fedswarm's serving peer does (issue #21 keeps tensor
+work off the event loop); its difference from the first is the thread hop's
+cost. Medians over the rounds after a warm-up; every round checks that each
+chain gave the local tokens. ``llm_pipeline.py --lanes N --floor``
 runs the same chain beside fedswarm's in its rounds.
 """
 
@@ -32,7 +36,9 @@ import statistics
 import struct
 import subprocess
 import sys
+import queue
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -73,8 +79,11 @@ def _tensor_bytes(h: torch.Tensor) -> bytes:
     return h.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
-def serve(model_dir: str, start: int, end: int, next_port: int, max_len: int) -> None:
-    """One process of the chain: blocks [start, end), its output to ``next_port``."""
+def serve(model_dir: str, start: int, end: int, next_port: int, max_len: int, threaded: bool = False) -> None:
+    """One process of the chain: blocks [start, end), its output to ``next_port``.
+    ``threaded``: the forward and the onward send run in a second thread, as in
+    fedswarm's serving peer (the receiving thread hands each step over and
+    waits for the next frame)."""
     from fedswarm.tasks.checkpoint import load_block_span
 
     torch.set_num_threads(1)
@@ -85,30 +94,48 @@ def serve(model_dir: str, start: int, end: int, next_port: int, max_len: int) ->
     print(listener.getsockname()[1], flush=True)  # the port, once the next leg is connected
     up = _nodelay(listener.accept()[0])
     cache = span.new_cache(max_len)
+
+    def step(t: int, payload: bytearray) -> None:
+        out = span(torch.frombuffer(payload, dtype=span.dtype).view(1, t, hidden), cache)
+        _send(down, _STEP, t, _tensor_bytes(out))
+
+    jobs: queue.SimpleQueue[tuple[int, bytearray] | None] = queue.SimpleQueue()
+
+    def worker() -> None:
+        while (job := jobs.get()) is not None:
+            step(*job)
+
+    th = threading.Thread(target=worker, daemon=True) if threaded else None
+    if th is not None:
+        th.start()
     while True:
         try:
             kind, t, payload = _recv(up)
         except EOFError:
+            jobs.put(None)
             return
-        if kind == _NEW:
+        if kind == _NEW:  # the previous step has been answered: the worker is idle
             cache = span.new_cache(max_len)
             _send(down, _NEW, 0)
-            continue
-        out = span(torch.frombuffer(payload, dtype=span.dtype).view(1, t, hidden), cache)
-        _send(down, _STEP, t, _tensor_bytes(out))
+        elif th is not None:
+            jobs.put((t, payload))
+        else:
+            step(t, payload)
 
 
 class RawChain:
     """``len(blocks)`` processes, each serving one span, forwarding to the next."""
 
-    def __init__(self, model_dir: Path, blocks: list[tuple[int, int]], max_len: int = 1024) -> None:
+    def __init__(self, model_dir: Path, blocks: list[tuple[int, int]], max_len: int = 1024,
+                 threaded: bool = False) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
         port = self._listener.getsockname()[1]
         self.procs: list[subprocess.Popen[bytes]] = []
         try:
             for start, end in reversed(blocks):  # each connects to the one after it, the last to us
                 p = subprocess.Popen([sys.executable, __file__, "--serve", str(model_dir), str(start), str(end),
-                                      str(port), str(max_len)], stdout=subprocess.PIPE)
+                                      str(port), str(max_len)] + (["--threaded"] if threaded else []),
+                                     stdout=subprocess.PIPE)
                 self.procs.append(p)
                 assert p.stdout is not None
                 line = p.stdout.readline()
@@ -194,30 +221,45 @@ def main() -> int:
         ap.error(f"{a.peers} processes for {head.config.num_hidden_layers} blocks")
     prompt = list(range(100, 142))
     load = os.getloadavg()[0]
-    rows = []
-    with RawChain(d, spans(head.config.num_hidden_layers, a.peers), max_len=len(prompt) + a.new) as chain:
+    blocks = spans(head.config.num_hidden_layers, a.peers)
+    names = ("raw chain (the floor)", "raw chain, forward in a thread")
+    rows: list[tuple[float, ...]] = []  # per round: local tok/s, then each chain's
+    with RawChain(d, blocks, max_len=len(prompt) + a.new) as plain, \
+            RawChain(d, blocks, max_len=len(prompt) + a.new, threaded=True) as threaded:
         for r in range(a.rounds + 1):
             _, lt, ltoks = lp.local_generate(model, prompt, a.new)
-            ct, ctoks = chain.generate(head, prompt, a.new)
-            if ctoks != ltoks:
-                print(f"hop_floor: round {r}: the chain's tokens differ from the local run's", file=sys.stderr)
-                return 1
+            row = [lt]
+            for name, chain in zip(names, (plain, threaded)):
+                ct, ctoks = chain.generate(head, prompt, a.new)
+                if ctoks != ltoks:
+                    print(f"hop_floor: round {r}: {name}: tokens differ from the local run's", file=sys.stderr)
+                    return 1
+                row.append(ct)
             if r:  # the first round is a warm-up
-                rows.append((lt, ct, (1.0 / ct - 1.0 / lt) / a.peers * 1e3))
-    per_hop = [x[2] for x in rows]
+                rows.append(tuple(row))
+
+    def per_hop(i: int, ref: int = 0) -> list[float]:  # column i's ms per hop over column ref, round by round
+        return [(1.0 / x[i] - 1.0 / x[ref]) / a.peers * 1e3 for x in rows]
+
     print(f"{a.model}, {a.peers} processes, {a.new} tokens, {a.rounds} rounds after a warm-up, "
           f"torch threads 1, 1-minute load {load:.2f} at start")
-    print(f"{'setup':<28} {'tok/s':>7} {'x local':>8} {'+ms/hop median':>15} {'[lowest, highest]':>18}")
-    print(f"{'local (one process)':<28} {statistics.median(x[0] for x in rows):7.2f} {1.0:8.3f}")
-    print(f"{'raw chain (the floor)':<28} {statistics.median(x[1] for x in rows):7.2f} "
-          f"{statistics.median(x[1] / x[0] for x in rows):8.3f} {statistics.median(per_hop):+15.3f} "
-          f"  [{min(per_hop):+.3f}, {max(per_hop):+.3f}]")
+    print(f"{'setup':<32} {'tok/s':>7} {'x local':>8} {'+ms/hop median':>15} {'[lowest, highest]':>18}")
+    print(f"{'local (one process)':<32} {statistics.median(x[0] for x in rows):7.2f} {1.0:8.3f}")
+    for i, name in enumerate(names, 1):
+        h = per_hop(i)
+        print(f"{name:<32} {statistics.median(x[i] for x in rows):7.2f} "
+              f"{statistics.median(x[i] / x[0] for x in rows):8.3f} {statistics.median(h):+15.3f} "
+              f"  [{min(h):+.3f}, {max(h):+.3f}]")
+    h = per_hop(2, 1)
+    print(f"the thread hop, ms per hop (threaded minus plain, round by round): median {statistics.median(h):+.3f} "
+          f"[{min(h):+.3f}, {max(h):+.3f}]")
     print("every round gave the local tokens")
     return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+              threaded="--threaded" in sys.argv[7:])
     else:
         sys.exit(main())
