@@ -214,7 +214,8 @@ def test_live_is_the_unexpired_non_leaving_entries_in_id_order(ops: list, random
     """``live(t)`` (found from the expiry heap, not by a scan) equals a scan
     of the view's entries after any mix of merges (new, replaced with a
     shorter or longer TTL, tombstones, our own state, evictions of a full
-    view), expiries, removals and questions about the present or the past."""
+    view), expiries, removals and questions about the present or the past;
+    ``is_live(p, t)`` answers whether ``p`` is in it."""
     v = View("me", max_size=5, rng=random.Random(7) if random_evict else None)
     now = 0.0
 
@@ -232,3 +233,5 @@ def test_live_is_the_unexpired_non_leaving_entries_in_id_order(ops: list, random
         elif action == "ask-earlier":
             assert [e.peer for e in v.live(now - dt)] == scan(now - dt)
         assert [e.peer for e in v.live(now)] == scan(now)
+        everyone = sorted(["me", "a", "b", "c", "d", "e", "f", "g"])  # in id order, as live() and scan()
+        assert [p for p in everyone if v.is_live(p, now)] == scan(now)

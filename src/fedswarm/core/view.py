@@ -123,6 +123,13 @@ class View:
     def get(self, peer: str) -> ViewEntry | None:
         return self._entries.get(peer)
 
+    def is_live(self, peer: str, now: float) -> bool:
+        """Whether ``peer`` is in ``live(now)``, without building that list:
+        a serving peer asks this for each hop of a forwarded step's route,
+        on every decode step, whatever the size of its view."""
+        e = self._entries.get(peer)
+        return e is not None and not e.state.leaving and e.expires_at > now
+
     def merge(
         self, peer: str, state: PeerState, issued_at: float, raw: bytes, now: float, *, trusted: bool = False
     ) -> bool:
