@@ -100,6 +100,23 @@ def test_expiry_only_of_idle_sessions_not_computing():
     assert c.expire(21.0) == 0 and c.expire(21.5) == 1 and c.stats.sessions_expired == 2
 
 
+def test_expiry_scans_by_the_oldest_use_even_after_a_clock_that_went_back():
+    """``expire`` skips the scan while no session can be idle long enough;
+    a use stamped earlier than every other (a clock that went back), by a
+    new session or by a step of an open one, must still expire on time."""
+    c = make(ServerLimits(idle_timeout_s=10.0))
+    a = fwd(c, now=100.0, sid=b"a" * 16)
+    c.finish(100.0, [a.session], [1], True)
+    assert c.expire(105.0) == 0
+    b = fwd(c, now=50.0, sid=b"b" * 16)  # a new session, stamped before a
+    c.finish(50.0, [b.session], [1], True)
+    assert c.expire(60.5) == 1 and list(c.sessions) == [("a", b"a" * 16, 0, 2)]
+    a2 = fwd(c, now=40.0, sid=b"a" * 16, pos=1)  # a step of a, stamped before its first
+    assert a2.refusal is None
+    c.finish(40.0, [a2.session], [1], True)
+    assert c.expire(50.5) == 1 and c.sessions == {}
+
+
 def test_batches_take_same_span_and_token_count_one_at_a_time():
     c = make(ServerLimits(max_batch=3), spans=((0, 2), (2, 4)))
     keys = {}

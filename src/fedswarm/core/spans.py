@@ -556,6 +556,9 @@ class ServingCore:
         self.spans: dict[SpanRange, _SpanSlot] = {}
         self.primary: SpanRange | None = None  # the span new sessions are steered to
         self.sessions: dict[SessionKey, Session] = {}
+        # at most the oldest ``last_used`` of any session here: ``expire``
+        # scans the table only once the timeout has passed since then
+        self._oldest_use = math.inf
         self.cache_bytes = 0
         self.stats = ServerStats()
         self.span_changes = 0
@@ -623,6 +626,8 @@ class ServingCore:
                 return Refusal("full", "KV cache memory exhausted")
             s = Session(span, 0, max_length, nbytes, now)
             self.sessions[key] = s
+            if now < self._oldest_use:
+                self._oldest_use = now
             self.cache_bytes += nbytes
             self.stats.sessions_opened += 1
             created = True
@@ -654,6 +659,8 @@ class ServingCore:
             s.length = min(s.length, pos)
             s.last_used = now
             s.busy = True
+        if now < self._oldest_use:  # (a clock that went back)
+            self._oldest_use = now
 
     def finish(self, now: float, sessions: Sequence[Session], tokens: Sequence[int], ok: bool) -> None:
         """Their forward is over: ``tokens`` positions each were appended (if ``ok``)."""
@@ -662,6 +669,8 @@ class ServingCore:
             s.last_used = now
             if ok:
                 s.length += t
+        if now < self._oldest_use:
+            self._oldest_use = now
 
     def free(self, key: SessionKey) -> bool:
         s = self.sessions.pop(key, None)
@@ -681,10 +690,23 @@ class ServingCore:
         return bool(keys)
 
     def expire(self, now: float) -> int:
-        """Drop sessions idle for longer than ``idle_timeout_s``; return how many."""
-        dead = [k for k, s in self.sessions.items() if not s.busy and now - s.last_used > self.limits.idle_timeout_s]
+        """Drop sessions idle for longer than ``idle_timeout_s``; return how many.
+
+        Called on every request: the table is scanned only when the oldest
+        use of any session (a lower bound, ``_oldest_use``) is more than the
+        timeout ago, so a peer with many open sessions does not walk them
+        all for each step."""
+        timeout = self.limits.idle_timeout_s
+        if not now - timeout > self._oldest_use:
+            return 0
+        dead = [k for k, s in self.sessions.items() if not s.busy and now - s.last_used > timeout]
         for k in dead:
             self.free(k)
+        oldest = math.inf
+        for s in self.sessions.values():
+            if s.last_used < oldest:
+                oldest = s.last_used
+        self._oldest_use = oldest
         self.stats.sessions_expired += len(dead)
         return len(dead)
 
