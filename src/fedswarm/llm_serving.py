@@ -81,12 +81,14 @@ from .llm_protocol import (
     WireError,
     check_delegation,
     decode,
+    check_tensor,
     elem_bytes,
     encode,
     finite,
     get_field,
     tenant_of,
     pack_tensor,
+    tensor_of,
     unpack_tensor,
 )
 from .tasks.checkpoint import load_block_span, load_config, model_hash
@@ -123,7 +125,12 @@ log = logging.getLogger("fedswarm.llm")
 class _Item:
     key: SessionKey
     session: Session
-    hidden: torch.Tensor  # (T, H)
+    #: the step's input (T, H) in the span's dtype; None until ``tensor``
+    #: builds it from ``packed`` in the forward thread (a forwarded step)
+    hidden: torch.Tensor | None
+    tokens: int  # T
+    #: a forwarded step's input as it came (wire dtype, shape, bytes), checked
+    packed: tuple[str, list[int], bytes] | None = None
     result: bytes | None = None
     error: str | None = None
     batch: int = 0  # sessions in the forward that computed it
@@ -134,6 +141,13 @@ class _Item:
     #: (a ``Sent``, or None when it could not) goes in ``sent``
     after: Callable[[bytes], Any] | None = None
     sent: Any = None
+
+    def tensor(self, dtype: torch.dtype) -> torch.Tensor:
+        """The input in ``dtype``, built from ``packed`` on first use."""
+        if self.hidden is None:
+            assert self.packed is not None
+            self.hidden = tensor_of(*self.packed).to(dtype)
+        return self.hidden
 
 
 class ForwardThread:
@@ -478,10 +492,11 @@ class BlockServer:
         deleg, hop_i = self._check_route(sender, sid, span, msg["route"]) if "route" in msg else (None, 0)
         owner = sender if deleg is None else deleg.client
         tenant, weight = tenant_of(msg, owner)  # checked before any session is admitted
-        hidden = unpack_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
-        if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
+        # checked here, built as a tensor in the forward thread (_Item.tensor)
+        wire_dtype, shape = check_tensor(msg["hidden"], max_ndim=2, max_bytes=self.max_frame)
+        if len(shape) != 2 or shape[1] != self.hidden_size:
             raise BadHidden("bad-request", f"hidden must be (tokens, {self.hidden_size})")
-        t = hidden.shape[0]
+        t = shape[0]
         if not 1 <= t <= self.max_tokens:
             raise WireError("too-large", f"1..{self.max_tokens} tokens per request")
         if not finite(msg["hidden"]):
@@ -493,7 +508,7 @@ class BlockServer:
             if deleg is None or type(outs) is not list or len(outs) != max(hop_i - 1, 0):
                 raise BadHidden("bad-request", "'outs' holds one output per hop before the sender's")
             for o in outs:
-                if tuple(unpack_tensor(o, max_ndim=2, max_bytes=self.max_frame).shape) != (t, self.hidden_size):
+                if check_tensor(o, max_ndim=2, max_bytes=self.max_frame)[1] != [t, self.hidden_size]:
                     raise BadHidden("bad-request", f"each of 'outs' must be ({t}, {self.hidden_size})")
         self._check_owner(owner, sid, span, pos, tenant)
         adm = self.core.admit_forward(now, owner, sid, span, pos, t, max_length)
@@ -509,7 +524,7 @@ class BlockServer:
                 return {"ok": False, "error": "pos-mismatch", "detail": r.detail, "length": r.length}
             raise WireError(r.code, r.detail)
         s.cache.truncate(pos)  # a no-op unless the client is retrying a step
-        item = _Item(adm.key, s, hidden.to(self._dtype), tenant=tenant, weight=weight)
+        item = _Item(adm.key, s, None, t, (wire_dtype, shape, msg["hidden"]["data"]), tenant=tenant, weight=weight)
         if deleg is not None:
             item.after = self._sender(deleg, hop_i, msg, t)
         try:
@@ -709,7 +724,7 @@ class BlockServer:
         items = []
         for i, (s, sid, pos) in enumerate(zip(sessions, sids, poss)):
             s.cache.truncate(pos)
-            items.append(_Item((sender, sid, *span), s, hidden[i : i + 1], tenant=tenant, weight=weight))
+            items.append(_Item((sender, sid, *span), s, hidden[i : i + 1], 1, tenant=tenant, weight=weight))
         t0 = await self._compute_items(items, [1] * n)
         self.stats.tokens += n
         self.stats.step_requests += 1
@@ -724,7 +739,7 @@ class BlockServer:
         picks)."""
         core = self.core
         for it in items:
-            core.enqueue(it, it.key, it.hidden.shape[0], tenant=it.tenant, weight=it.weight)
+            core.enqueue(it, it.key, it.tokens, tenant=it.tenant, weight=it.weight)
         try:
             while any(it.result is None and it.error is None for it in items):
                 if core.running:
@@ -760,7 +775,7 @@ class BlockServer:
                 it.error = "span dropped"
             return 0.0
         try:
-            x = torch.stack([it.hidden for it in live])
+            x = torch.stack([it.tensor(self._dtype) for it in live])
             with torch.inference_mode():
                 out = block(x, [it.session.cache for it in live]).contiguous()
             raw = out.view(torch.uint8).numpy()

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedswarm.llm_client import Hop, find_route
-from fedswarm.llm_protocol import finite
+from fedswarm.llm_protocol import check_tensor, finite, tensor_of
 from fedswarm.llm_serving import (
     BlockServer,
     ServerLimits,
@@ -91,6 +91,29 @@ def test_finite_on_the_bytes_agrees_with_torch(dt, values):
     x = torch.tensor(values, dtype=torch.float32).to(dt).reshape(1, -1)
     v = pack_tensor(x)
     assert finite(v) == bool(torch.isfinite(unpack_tensor(v)).all())
+
+
+@pytest.mark.parametrize("n", [8191, 8192, 8193, 20000])
+@pytest.mark.parametrize("bad", [None, float("inf"), float("-inf"), float("nan")])
+def test_finite_float32_on_either_side_of_the_python_sum(n, bad):
+    """A float32 tensor of up to 8,192 values is summed in Python, a larger
+    one goes through numpy: both must find one inf or NaN anywhere, and
+    accept the largest finite values (their sum does not overflow)."""
+    x = torch.full((1, n), 3.4e38)
+    if bad is not None:
+        x[0, n // 3] = bad
+    v = pack_tensor(x)
+    assert finite(v) is (bad is None)
+    assert finite(v) == bool(torch.isfinite(unpack_tensor(v, max_bytes=1 << 20)).all())
+
+
+def test_check_tensor_is_unpack_tensor_without_the_tensor():
+    x = torch.randn(3, 5).to(torch.bfloat16)
+    v = pack_tensor(x)
+    assert check_tensor(v) == ("bfloat16", [3, 5])
+    assert torch.equal(tensor_of(*check_tensor(v), v["data"]), x)
+    with pytest.raises(WireError):
+        check_tensor({**v, "shape": [5, 5]})
 
 
 def test_decode_is_strict():
