@@ -128,7 +128,6 @@ class _Item:
     #: the step's input (T, H) in the span's dtype; None until ``tensor``
     #: builds it from ``packed`` in the forward thread (a forwarded step)
     hidden: torch.Tensor | None
-    tokens: int  # T
     #: a forwarded step's input as it came (wire dtype, shape, bytes), checked
     packed: tuple[str, list[int], bytes] | None = None
     result: bytes | None = None
@@ -141,6 +140,14 @@ class _Item:
     #: (a ``Sent``, or None when it could not) goes in ``sent``
     after: Callable[[bytes], Any] | None = None
     sent: Any = None
+
+    @property
+    def tokens(self) -> int:
+        """T, the positions this step computes."""
+        if self.hidden is not None:
+            return int(self.hidden.shape[0])
+        assert self.packed is not None
+        return self.packed[1][0]
 
     def tensor(self, dtype: torch.dtype) -> torch.Tensor:
         """The input in ``dtype``, built from ``packed`` on first use."""
@@ -524,7 +531,7 @@ class BlockServer:
                 return {"ok": False, "error": "pos-mismatch", "detail": r.detail, "length": r.length}
             raise WireError(r.code, r.detail)
         s.cache.truncate(pos)  # a no-op unless the client is retrying a step
-        item = _Item(adm.key, s, None, t, (wire_dtype, shape, msg["hidden"]["data"]), tenant=tenant, weight=weight)
+        item = _Item(adm.key, s, None, (wire_dtype, shape, msg["hidden"]["data"]), tenant=tenant, weight=weight)
         if deleg is not None:
             item.after = self._sender(deleg, hop_i, msg, t)
         try:
@@ -724,7 +731,7 @@ class BlockServer:
         items = []
         for i, (s, sid, pos) in enumerate(zip(sessions, sids, poss)):
             s.cache.truncate(pos)
-            items.append(_Item((sender, sid, *span), s, hidden[i : i + 1], 1, tenant=tenant, weight=weight))
+            items.append(_Item((sender, sid, *span), s, hidden[i : i + 1], tenant=tenant, weight=weight))
         t0 = await self._compute_items(items, [1] * n)
         self.stats.tokens += n
         self.stats.step_requests += 1

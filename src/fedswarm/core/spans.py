@@ -626,8 +626,7 @@ class ServingCore:
                 return Refusal("full", "KV cache memory exhausted")
             s = Session(span, 0, max_length, nbytes, now)
             self.sessions[key] = s
-            if now < self._oldest_use:
-                self._oldest_use = now
+            self._used(now)
             self.cache_bytes += nbytes
             self.stats.sessions_opened += 1
             created = True
@@ -659,8 +658,7 @@ class ServingCore:
             s.length = min(s.length, pos)
             s.last_used = now
             s.busy = True
-        if now < self._oldest_use:  # (a clock that went back)
-            self._oldest_use = now
+        self._used(now)
 
     def finish(self, now: float, sessions: Sequence[Session], tokens: Sequence[int], ok: bool) -> None:
         """Their forward is over: ``tokens`` positions each were appended (if ``ok``)."""
@@ -669,6 +667,11 @@ class ServingCore:
             s.last_used = now
             if ok:
                 s.length += t
+        self._used(now)
+
+    def _used(self, now: float) -> None:
+        """A session was stamped ``last_used = now``: keep ``_oldest_use``
+        a lower bound (it only moves when the clock went back)."""
         if now < self._oldest_use:
             self._oldest_use = now
 
@@ -702,11 +705,7 @@ class ServingCore:
         dead = [k for k, s in self.sessions.items() if not s.busy and now - s.last_used > timeout]
         for k in dead:
             self.free(k)
-        oldest = math.inf
-        for s in self.sessions.values():
-            if s.last_used < oldest:
-                oldest = s.last_used
-        self._oldest_use = oldest
+        self._oldest_use = min((s.last_used for s in self.sessions.values()), default=math.inf)
         self.stats.sessions_expired += len(dead)
         return len(dead)
 
