@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from fedswarm.errors import InputError
+
 _HDR = struct.Struct(">IIB")  # payload bytes, tokens in this step, kind
 _NEW, _STEP = 0, 1  # a new session (the KV cache starts over), a hidden state
 
@@ -79,14 +81,17 @@ def _tensor_bytes(h: torch.Tensor) -> bytes:
     return h.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
-def serve(model_dir: str, start: int, end: int, next_port: int, max_len: int, threaded: bool = False) -> None:
-    """One process of the chain: blocks [start, end), its output to ``next_port``.
+def serve(model_dir: str, blocks: str, next_port: int, max_len: int, threaded: bool = False) -> None:
+    """One process of the chain: ``blocks`` ("A:B", as ``peer start --blocks``
+    takes them), its output to ``next_port``.
     ``threaded``: the forward and the onward send run in a second thread, as in
     fedswarm's serving peer (the receiving thread hands each step over and
     waits for the next frame)."""
-    from fedswarm.tasks.checkpoint import load_block_span
+    from fedswarm.llm_serving import parse_blocks
+    from fedswarm.tasks.checkpoint import load_block_span, load_config
 
     torch.set_num_threads(1)
+    start, end = parse_blocks(blocks, load_config(model_dir).num_hidden_layers)
     span = load_block_span(model_dir, start, end)
     hidden = span.config.hidden_size
     listener = socket.create_server(("127.0.0.1", 0))
@@ -126,21 +131,21 @@ def serve(model_dir: str, start: int, end: int, next_port: int, max_len: int, th
 class RawChain:
     """``len(blocks)`` processes, each serving one span, forwarding to the next."""
 
-    def __init__(self, model_dir: Path, blocks: list[tuple[int, int]], max_len: int = 1024,
+    def __init__(self, model_dir: Path, blocks: list[str], max_len: int = 1024,
                  threaded: bool = False) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
         port = self._listener.getsockname()[1]
         self.procs: list[subprocess.Popen[bytes]] = []
         try:
-            for start, end in reversed(blocks):  # each connects to the one after it, the last to us
-                p = subprocess.Popen([sys.executable, __file__, "--serve", str(model_dir), str(start), str(end),
+            for b in reversed(blocks):  # each connects to the one after it, the last to us
+                p = subprocess.Popen([sys.executable, __file__, "--serve", str(model_dir), b,
                                       str(port), str(max_len)] + (["--threaded"] if threaded else []),
                                      stdout=subprocess.PIPE)
                 self.procs.append(p)
                 assert p.stdout is not None
                 line = p.stdout.readline()
                 if not line.strip().isdigit():
-                    raise RuntimeError(f"chain process for blocks {start}:{end} did not start (exit {p.wait()})")
+                    raise RuntimeError(f"chain process for blocks {b} did not start (exit {p.wait()})")
                 port = int(line)
             self._up = _nodelay(self._listener.accept()[0])
             self._down = _nodelay(socket.create_connection(("127.0.0.1", port)))
@@ -195,11 +200,6 @@ class RawChain:
         self.close()
 
 
-def spans(layers: int, n: int) -> list[tuple[int, int]]:
-    cuts = [round(i * layers / n) for i in range(n + 1)]
-    return list(zip(cuts, cuts[1:]))
-
-
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import llm_pipeline as lp
@@ -214,14 +214,18 @@ def main() -> int:
         ap.error("--peers >= 1, --new >= 2 and --rounds >= 1")
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp())
-    d = lp.build_model(a.model, tmp)
+    try:
+        d = lp.build_model(a.model, tmp)
+    except InputError as exc:
+        print(f"hop_floor: {exc}", file=sys.stderr)
+        return 2
     model = lp.local_model(d)
     head = model[0]
     if a.peers > head.config.num_hidden_layers:
         ap.error(f"{a.peers} processes for {head.config.num_hidden_layers} blocks")
     prompt = list(range(100, 142))
     load = os.getloadavg()[0]
-    blocks = spans(head.config.num_hidden_layers, a.peers)
+    blocks = lp.splits(head.config.num_hidden_layers, a.peers)
     names = ("raw chain (the floor)", "raw chain, forward in a thread")
     rows: list[tuple[float, ...]] = []  # per round: local tok/s, then each chain's
     with RawChain(d, blocks, max_len=len(prompt) + a.new) as plain, \
@@ -259,7 +263,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
-              threaded="--threaded" in sys.argv[7:])
+        serve(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), threaded="--threaded" in sys.argv[6:])
     else:
         sys.exit(main())

@@ -245,8 +245,7 @@ def bench_lanes(tmp: Path, d: Path, head: Any, mhash: str, blocks: list[str], pr
     the median over rounds of its step time minus the chain's, per hop)."""
     from hop_floor import RawChain
 
-    chain = RawChain(d, [(int(b.split(":")[0]), int(b.split(":")[1])) for b in blocks],
-                     max_len=len(prompt) + n_new) if floor else None
+    chain = RawChain(d, blocks, max_len=len(prompt) + n_new) if floor else None
     swarms: dict[bool, LocalSwarm] = {}
     try:
         for lane in (False, True):
