@@ -261,6 +261,27 @@ def test_verify_cache_skips_repeat_verification_only_for_identical_bytes() -> No
         decode(tampered, cache=cache)
 
 
+def test_only_a_trusted_cache_takes_an_unchecked_signature() -> None:
+    """netsim's fast mode signs with 64 zero bytes and decodes with a
+    ``trusted`` cache; any other decode must refuse that signature, and a
+    trusted one still checks everything else."""
+    zero = msgspec.msgpack.Encoder()
+    _, payload = msgspec.msgpack.decode(encode(Cancel("j", ()), ALICE, issued_at=1.0, nonce=1))
+    raw = zero.encode((bytes(64), payload))
+    for cache in (None, VerifyCache()):
+        with pytest.raises(RemoteProtocolError) as exc:
+            decode(raw, cache=cache)
+        assert exc.value.reason == "bad-signature"
+    trusted = VerifyCache(trusted=True)
+    got = decode(raw, cache=trusted)
+    assert got.msg == Cancel("j", ()) and got.author == ALICE.peer_id
+    # an envelope that fails validation is refused all the same
+    _, bad_payload = msgspec.msgpack.decode(encode(Cancel("j", ()), ALICE, issued_at=float("nan"), nonce=1))
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(zero.encode((bytes(64), bad_payload)), cache=trusted)
+    assert exc.value.reason == "bad-field"
+
+
 def test_verify_cache_keeps_states_while_messages_stream_past() -> None:
     """A peer state is gossiped for minutes, a message received once: a
     stream of messages beyond the capacity evicts messages only, so the

@@ -1,6 +1,8 @@
 import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
 import json
 
+import msgspec
+
 import pytest
 
 from netsim import Simulator, dumps_results, load_scenario, run_scenario
@@ -64,6 +66,14 @@ def test_caches_do_not_change_results():
     plain = Simulator(smoke(), 5, fast=False)
     plain.run()
     assert dumps_results(fast.results()) == dumps_results(plain.results())
+
+    # fast mode signed with placeholders that nobody checked; the plain run
+    # made real signatures, and checked them as it received
+    def signatures(sim: Simulator) -> set[bytes]:
+        return {msgspec.msgpack.decode(raw)[0] for raw, _ in sim.cache._seen}
+
+    assert signatures(fast) == {bytes(64)}
+    assert len(signatures(plain)) == len(plain.cache._seen) > 100
 
 
 def test_sampled_ranking_and_batched_renewals_replay_exactly_and_deliver_once():
