@@ -8,9 +8,10 @@ figures (``netsim.plots``) go next to the JSON.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 from pathlib import Path
 
 from . import dumps_results, hugepages
@@ -66,6 +67,20 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, p
     p.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress on stderr (default: a bar on a terminal, a line every 5 s elsewhere)")
+
+
+def script() -> NoReturn:
+    """The ``netsim`` command and ``python -m netsim``: ``main``, then out
+    without tearing the heap down. After a large run there is nothing left
+    to do but free it object by object, which took 6.7 s after scale-10k's
+    557 s loop (3.8 GB); the results are written and closed by then."""
+    rc = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(rc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,4 +228,4 @@ def compare_main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

@@ -1,6 +1,10 @@
 import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
 import json
+import os
+import subprocess
+import sys
 
+from netsim import dumps_results, load_scenario, run_scenario
 from netsim.cli import main
 from netsim_helpers import SCENARIOS
 
@@ -53,3 +57,21 @@ def test_cli_errors(tmp_path, capsys):
     # an integer is a number: a float field takes it
     sc.write_text('name = "x"\nmax_time_s = 5\n[peer]\ngossip_interval_s = 10\n[[swarm]]\nprofile = "cpu-laptop"\ncount = 1\n')
     assert main(["run", str(sc), "-q", "--profiles", str(SCENARIOS.parents[1] / "peers")]) == 0
+
+
+def test_the_command_exits_without_teardown_and_loses_no_output(tmp_path):
+    """``python -m netsim`` leaves through ``os._exit`` (no heap teardown
+    after a large run): what it printed into a pipe is flushed first, the
+    exit code is main's, and the JSON is complete."""
+    out = tmp_path / "r.json"
+    smoke = SCENARIOS / "smoke-20.toml"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout into a pipe is buffered
+    done = subprocess.run([sys.executable, "-m", "netsim", "run", str(smoke), "--seed", "3", "-q", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].split() == ["metric", "value"] and "bytes_per_peer_s" in done.stdout
+    assert "huge_pages=" in done.stderr.splitlines()[-1]
+    assert out.read_text() == dumps_results(run_scenario(load_scenario(smoke), 3))
+    bad = subprocess.run([sys.executable, "-m", "netsim", "run", str(tmp_path / "nosuch.toml")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no such scenario file" in bad.stderr
