@@ -75,10 +75,11 @@ class PlaceholderSigner(Identity):
     peer id, but ``sign`` gives 64 zero bytes, an Ed25519 signature's size.
 
     In fast mode no receiver checks a signature (the shared cache is
-    ``trusted``), so the real ones were computed only to be ignored: 10 to
-    20% of a run's CPU. The messages keep their sizes and everything else in
-    their bytes, and ``fast=False`` signs and verifies for real with the
-    same results (tests/netsim/test_netsim_sim.py)."""
+    ``trusted``), so the real ones were computed only to be ignored: runs
+    without them take 0.83x to 0.87x the CPU (docs/benchmarks.md, "no
+    signatures in fast mode"). The messages keep their sizes and everything
+    else in their bytes, and ``fast=False`` signs and verifies for real
+    with the same results (tests/netsim/test_netsim_sim.py)."""
 
     def sign(self, data: bytes) -> bytes:
         return _NO_SIGNATURE

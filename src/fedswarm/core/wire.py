@@ -563,7 +563,7 @@ class VerifyCache:
         #: in this process, which may sign with a placeholder (netsim's
         #: ``PlaceholderSigner``): decoding checks everything but the
         #: signature. Only netsim's fast mode sets it; a cache that sees
-        #: the network never may.
+        #: the network must not.
         self.trusted = trusted
         self._seen: dict[tuple[bytes, int], Signed] = {}
         self._states: dict[tuple[bytes, int], Signed] = {}
