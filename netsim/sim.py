@@ -46,8 +46,7 @@ from fedswarm.core.events import (
 )
 from fedswarm.core.peer import PeerCore
 from fedswarm.core.runs import Ended, Runs, run_key
-from fedswarm.errors import RemoteProtocolError
-from fedswarm.core.wire import VerifyCache, decode_unverified
+from fedswarm.core.wire import VerifyCache
 from fedswarm.profiles import Profile
 
 from . import hugepages
@@ -261,7 +260,7 @@ class Simulator:
                                  runs=Runs(p.profile.power.power)))
         cfg = p.profile.peer_config(**{**self.sc.peer_overrides, "region": p.region, "bootstrap": boot})
         # fast: the states a peer signs go into the shared cache as it signs
-        # them (valid by construction), so no receiver verifies them either
+        # them, decoded, so no receiver decodes them again
         rec.core = PeerCore(self._signer(p.identity), cfg, random.Random(p.core_seed), verify_cache=self.cache,
                             cache_own_states=self.fast)
         return rec
@@ -404,19 +403,6 @@ class Simulator:
         if self.net.partitions and self._blocked(src, dst):
             self.net_stats["partitioned"] += 1
             return
-        if self.fast and kind != "Gossip":
-            # produced by an honest in-process core, so its signature is valid
-            # by construction: seed the shared cache (keyed by the exact bytes)
-            # and skip the receivers' Ed25519 verify, the costliest step.
-            # (Gossip is unsigned: its receiver decodes it, once, as it would
-            # here, and the states inside are cached one by one)
-            mb = dst.core.max_message_bytes
-            if self.cache.get(data, mb) is None:
-                try:
-                    self.cache.add(data, mb, decode_unverified(data, max_bytes=mb))
-                except RemoteProtocolError:
-                    pass  # let the receiver reject (and count) it
-
         delays = self.net.delays(self.net_rng, self.net.latency(src.id, dst_id, src.region, dst.region), n)
         if not delays:
             self.net_stats["lost"] += 1
