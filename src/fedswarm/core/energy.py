@@ -96,12 +96,22 @@ def meets_deadline(work_s: float, run_s: float, slowed: bool, fastest: float, *,
         or leaves_rerun_room(work_s, run_s, fastest, start_s=start_s, deadline_s=deadline_s, reserve_s=reserve_s))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class LevelChoice:
+    """Not frozen, so that its ``__init__`` can be written out: compiled by
+    mypyc, the dataclass's runs as Python, about 5x slower, and a choice is
+    made for every bid and award. Nothing assigns to it."""
+
     level: float
     run_s: float
     energy_j: float
     carbon_g: float
+
+    def __init__(self, level: float, run_s: float, energy_j: float, carbon_g: float) -> None:
+        self.level = level
+        self.run_s = run_s
+        self.energy_j = energy_j
+        self.carbon_g = carbon_g
 
 
 def choose_level(
