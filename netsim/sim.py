@@ -259,10 +259,9 @@ class Simulator:
         rec = self._node(NodeRec(p.id, None, True, p.region, p.profile, p.profile.name,
                                  runs=Runs(p.profile.power.power)))
         cfg = p.profile.peer_config(**{**self.sc.peer_overrides, "region": p.region, "bootstrap": boot})
-        # fast: the states a peer signs go into the shared cache as it signs
-        # them, decoded, so no receiver decodes them again
-        rec.core = PeerCore(self._signer(p.identity), cfg, random.Random(p.core_seed), verify_cache=self.cache,
-                            cache_own_states=self.fast)
+        # fast: what a core signs goes into the shared (trusted) cache as it
+        # signs it (Node._encode), so no receiver decodes it
+        rec.core = PeerCore(self._signer(p.identity), cfg, random.Random(p.core_seed), verify_cache=self.cache)
         return rec
 
     def _add_client(self, c: ClientPlan) -> NodeRec:

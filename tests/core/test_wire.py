@@ -15,6 +15,7 @@ from fedswarm.core.identity import Identity, peer_id_from_public_bytes, public_b
 from fedswarm.core.node import Guard
 from fedswarm.core.wire import (
     KINDS,
+    MAX_MESSAGE_BYTES,
     Award,
     Bid,
     CallForBids,
@@ -280,6 +281,31 @@ def test_only_a_trusted_cache_takes_an_unchecked_signature() -> None:
     with pytest.raises(RemoteProtocolError) as exc:
         decode(zero.encode((bytes(64), bad_payload)), cache=trusted)
     assert exc.value.reason == "bad-field"
+
+
+def test_a_trusted_cache_hands_receivers_the_message_that_was_sent() -> None:
+    """netsim's fast mode: a sender enters what it encodes into the shared
+    trusted cache, with the message object, and a receiver decodes nothing.
+    An untrusted cache refuses that, and a receiver that accepts fewer bytes
+    than the envelope holds decodes it, and refuses it, as always."""
+    msg = Cancel("j", (1, 2))
+    raw = encode(msg, ALICE, issued_at=2, nonce=7, check=False)
+    with pytest.raises(ValueError):
+        VerifyCache().remember(raw, MAX_MESSAGE_BYTES, msg, ALICE.peer_id, 2, 7)
+    trusted = VerifyCache(trusted=True)
+    trusted.remember(raw, MAX_MESSAGE_BYTES, msg, ALICE.peer_id, 2, 7)
+    got = decode(raw, cache=trusted)
+    assert got.msg is msg and trusted.hits == 1
+    assert (got.author, got.issued_at, got.nonce, got.raw, got.extras) == (ALICE.peer_id, 2.0, 7, raw, {})
+    assert type(got.issued_at) is float
+    # the same fields as a decode of the bytes would give
+    fresh = decode(raw)
+    assert (fresh.msg, fresh.author, fresh.issued_at, fresh.nonce) == (got.msg, got.author, got.issued_at, got.nonce)
+    small = VerifyCache(trusted=True)
+    small.remember(raw, len(raw) - 1, msg, ALICE.peer_id, 2, 7)
+    with pytest.raises(RemoteProtocolError) as exc:
+        decode(raw, max_bytes=len(raw) - 1, cache=small)
+    assert exc.value.reason == "oversize" and small.hits == 0
 
 
 def test_verify_cache_keeps_states_while_messages_stream_past() -> None:

@@ -1,10 +1,12 @@
 import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
 import json
+from collections import Counter
 
 import msgspec
 
 import pytest
 
+from fedswarm.core import wire
 from netsim import Simulator, dumps_results, load_scenario, run_scenario
 
 from netsim_helpers import SCENARIOS, make_scenario
@@ -60,12 +62,31 @@ def test_smoke_deterministic_bytes():
         assert abs(sum(parts.values()) - res["summary"][total]) <= 1e-4 * res["summary"][total]
 
 
-def test_caches_do_not_change_results():
+def test_caches_do_not_change_results(monkeypatch):
+    # count the message bodies decoded and checked, by kind
+    checked: Counter[str] = Counter()
+    check_body = wire._check_body
+
+    def counting(cls, body):
+        checked[cls.__name__] += 1
+        return check_body(cls, body)
+
+    monkeypatch.setattr(wire, "_check_body", counting)
     fast = Simulator(smoke(), 5)
     fast.run()
+    fast_checked = dict(checked)
+    checked.clear()
     plain = Simulator(smoke(), 5, fast=False)
     plain.run()
     assert dumps_results(fast.results()) == dumps_results(plain.results())
+    # fast mode: the receivers took every signed message from the cache, as
+    # its sender entered it, and the senders checked nothing either; only the
+    # unsigned gossip envelopes were checked (as sent and as received, in
+    # both modes). The plain run checked every kind as it sent it and as it
+    # received it
+    assert set(fast_checked) == {"Gossip"}
+    assert {"PeerState", "CallForBids", "Bid", "Award", "ShardResult"} <= set(checked)
+    assert checked["Gossip"] == fast_checked["Gossip"] > 100
 
     # fast mode signed with placeholders that nobody checked; the plain run
     # made real signatures, and checked them as it received

@@ -128,7 +128,6 @@ from .wire import (
     Signed,
     VerifyCache,
     decode,
-    decode_unverified,
 )
 
 __all__ = ["PeerCore", "LeaseState"]
@@ -260,12 +259,7 @@ class PeerCore(Node):
         rng: random.Random,
         *,
         verify_cache: VerifyCache | None = None,
-        cache_own_states: bool = False,
     ) -> None:
-        """``cache_own_states``: enter each state this peer signs into
-        ``verify_cache`` as decoded, so that a receiver sharing the cache
-        (netsim's in-process peers) skips its signature check, as netsim
-        does for direct messages; off in a daemon (nobody shares its cache)."""
         super().__init__(
             identity,
             rng,
@@ -282,7 +276,6 @@ class PeerCore(Node):
             rumour_age_s=10 * config.gossip_interval_s,
         )
         self.config = config
-        self._cache_own = cache_own_states
         self.leases: dict[LeaseKey, _Lease] = {}
         self.outbox: dict[LeaseKey, _Outbox] = {}
         #: (due time, key) of leases, lazily: entries whose lease is gone or moved are skipped (``_touch``)
@@ -607,9 +600,6 @@ class PeerCore(Node):
             self._seq += 1
             st = self._state(now)
             self._own_raw = self._encode(st, now)
-            if self._cache_own:
-                mb = self.max_message_bytes
-                self.verify_cache.add(self._own_raw, mb, decode_unverified(self._own_raw, max_bytes=mb))
             self._own_signed_at = now
             self._own_quiet = self._ttl_factor()
             self._own_fingerprint = fp

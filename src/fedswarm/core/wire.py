@@ -586,6 +586,18 @@ class VerifyCache:
                 del seen[k]
         seen[(raw, max_bytes)] = signed
 
+    def remember(self, raw: bytes, max_bytes: int, msg: "Message", author: str, issued_at: float,
+                 nonce: int) -> None:
+        """Enter an envelope this process has just encoded, with the message
+        object it encoded, as its receivers' decode would give it: they find
+        it here and decode nothing. Only a ``trusted`` cache takes it (its
+        receivers are honest cores of this process, netsim's fast mode), and
+        only within ``max_bytes``, the size its receivers accept."""
+        if not self.trusted:
+            raise ValueError("only a trusted cache takes envelopes unchecked")
+        if len(raw) <= max_bytes:
+            self.add(raw, max_bytes, Signed(msg, author, float(issued_at), nonce, raw))
+
 
 def _decode(data: bytes, max_bytes: int, cache: VerifyCache | None, check_sig: bool) -> Signed:
     if cache is not None and check_sig:
