@@ -229,9 +229,8 @@ class Node:
             # side checks it here; the receivers take this message object
             # from the cache instead of decoding the bytes
             # (tests/netsim/test_netsim_sim.py compares with full checks)
-            author = self.identity.peer_id
             raw = encode(msg, self.identity, issued_at=now, nonce=nonce, check=False)
-            cache.remember(raw, self.max_message_bytes, msg, author, now, nonce)
+            cache.remember(raw, self.max_message_bytes, msg, self.id, now, nonce)
             return raw
         return encode(msg, self.identity if msg.SIGNED else None, issued_at=now, nonce=nonce)
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Iterable, TypeVar
 
 import msgpack
@@ -440,16 +439,23 @@ _DECODERS: dict[int, msgspec.msgpack.Decoder[Any]] = {k: msgspec.msgpack.Decoder
 # envelopes
 
 
-@dataclass(frozen=True, slots=True)
-class Signed:
-    """A decoded, verified envelope: the message and who said it, when."""
+class Signed(Struct, frozen=True):
+    """A decoded, verified envelope: the message and who said it, when.
+
+    Never on the wire itself: a Struct because one is made for every
+    envelope decoded (and, in netsim's fast mode, sent), and a Struct is
+    made in C, where a frozen dataclass sets each field through
+    ``object.__setattr__``."""
 
     msg: Message
     author: str
     issued_at: float
     nonce: int
-    raw: bytes = field(repr=False)
-    extras: dict[str, Any] = field(default_factory=dict, repr=False)
+    raw: bytes
+    extras: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the bytes and extras left out
+        return f"Signed(msg={self.msg!r}, author={self.author!r}, issued_at={self.issued_at!r}, nonce={self.nonce!r})"
 
 
 class _Payload(Struct, array_like=True, forbid_unknown_fields=True):
