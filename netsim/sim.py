@@ -751,4 +751,8 @@ class Simulator:
         )
 
     def results(self) -> dict[str, Any]:
-        return report(self.record())
+        # the report is built under the loop's collection settings too: with
+        # CPython's own, its allocations set off full collections of the
+        # whole swarm (0.73 against 0.21 CPU s at 3,000 peers)
+        with _young_gc():
+            return report(self.record())
