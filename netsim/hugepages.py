@@ -32,13 +32,20 @@ SOURCE = HERE / "_hugearena.c"
 #: where scripts/build_native.py puts the extension and its manifest.json
 #: (the source's SHA-256 and the interpreter's suffix: fedswarm.core.native_ok)
 NATIVE_DIR = HERE / "_native"
-_SOURCES = (SOURCE.name,)
+#: netsim's C sources, each an extension of the same name in ``NATIVE_DIR``,
+#: under one manifest (the event heap, ``netsim.eventq``, is the other)
+_SOURCES = (SOURCE.name, "_eventq.c")
 
 _state: dict[str, object] = {}
 
 
-def built_path() -> Path:
-    return NATIVE_DIR / ("_hugearena" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+def built_path(name: str = "_hugearena") -> Path:
+    return NATIVE_DIR / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def sources() -> tuple[Path, ...]:
+    """netsim's C sources, each built into ``built_path(its stem)``."""
+    return tuple(HERE / name for name in _SOURCES)
 
 
 def manifest() -> dict[str, object]:
@@ -47,8 +54,8 @@ def manifest() -> dict[str, object]:
 
 
 def build_current() -> bool:
-    """Whether ``_native/`` holds a build of the present source for this interpreter."""
-    return built_path().is_file() and native_ok(NATIVE_DIR, HERE, _SOURCES)
+    """Whether ``_native/`` holds a build of the present sources for this interpreter."""
+    return all(built_path(s.stem).is_file() for s in sources()) and native_ok(NATIVE_DIR, HERE, _SOURCES)
 
 
 def _why_not() -> str:

@@ -159,8 +159,8 @@ def run_sim(sim: Any, task: _Task | None, *, slice_wall_s: float = 0.25) -> None
     t = sim.now
     # one setting of the loop's gc thresholds for all the slices (see netsim.sim._young_gc)
     with sim.young_gc() if hasattr(sim, "young_gc") else contextlib.nullcontext():
-        while sim.q and sim.q[0][0] <= sim.stop_at:
-            t = max(t, sim.q[0][0]) + step
+        while sim.q and sim.q.peek_time() <= sim.stop_at:
+            t = max(t, sim.q.peek_time()) + step
             w0 = time.perf_counter()
             sim.run_until(t)
             took = time.perf_counter() - w0

@@ -18,7 +18,6 @@ set or reads the wall clock.
 from __future__ import annotations
 
 import gc
-import heapq
 import math
 import random
 from collections import Counter
@@ -50,6 +49,7 @@ from fedswarm.core.wire import VerifyCache
 from fedswarm.profiles import Profile
 
 from . import hugepages
+from .eventq import event_queue
 from .stats import StepFn
 from .plan import ClientPlan, PeerPlan, Plan, make_plan
 from .report import JobRec, NodeRun, RunRecord, open_runs, report
@@ -192,7 +192,8 @@ class Simulator:
         self.cache = VerifyCache(capacity=1 << 18, trusted=fast)
         self.fast = fast
         self.now = 0.0
-        self.q: list[tuple] = []
+        #: the events, by (time, seq): netsim.eventq (compiled when built)
+        self.q = event_queue()
         self.seq = 0
         self.nodes: dict[str, NodeRec] = {}
         self._members: list[str] | None = None  # sorted alive node ids (pubsub targets)
@@ -326,7 +327,7 @@ class Simulator:
 
     def _push(self, t: float, kind: int, a: Any, b: Any, c: Any) -> None:
         self.seq += 1
-        heapq.heappush(self.q, (t, self.seq, kind, a, b, c))
+        self.q.push(t, self.seq, kind, a, b, c)
 
     def _resched(self, rec: NodeRec, after_poll: bool = False) -> None:
         if not rec.alive:
@@ -581,13 +582,13 @@ class Simulator:
 
     def _loop(self, t_end: float) -> None:
         q = self.q
-        pop = heapq.heappop
+        pop, peek = q.pop, q.peek_time
         freeze = _collect_and_freeze
         while q:
-            t = q[0][0]
+            t = peek()
             if t >= t_end or t > self.stop_at:
                 break
-            _, _, kind, a, b, c = pop(q)
+            _, kind, a, b, c = pop()
             self.now = t
             self.events += 1
             if not self.events & _FREEZE_EVERY:

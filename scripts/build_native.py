@@ -112,22 +112,26 @@ def build() -> None:
 
 
 def build_arena() -> None:
-    """Compile netsim/_hugearena.c against this interpreter's headers, into
-    netsim/_native/ with its manifest (the same rule as the core's build)."""
+    """Compile netsim's C sources (netsim/_hugearena.c, netsim/_eventq.c)
+    against this interpreter's headers, into netsim/_native/ with their
+    manifest (the same rule as the core's build)."""
     cc = (sysconfig.get_config_var("CC") or "cc").split()
     include = sysconfig.get_paths()["include"]
-    out = hugepages.built_path()
-    manifest = hugepages.manifest()  # the source's hash before the build
+    manifest = hugepages.manifest()  # the sources' hashes before the build
     with tempfile.TemporaryDirectory(prefix="fedswarm-arena-") as tmp:
-        so = Path(tmp) / out.name
-        done = subprocess.run([*cc, "-O2", "-Wall", "-shared", "-fPIC", f"-I{include}", str(hugepages.SOURCE),
-                               "-o", str(so)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode:
-            raise SystemExit(f"build_native: compiling {hugepages.SOURCE.name} failed:\n{done.stdout[-4000:]}")
+        built = []
+        for source in hugepages.sources():
+            so = Path(tmp) / hugepages.built_path(source.stem).name
+            done = subprocess.run([*cc, "-O2", "-Wall", "-shared", "-fPIC", f"-I{include}", str(source),
+                                   "-o", str(so)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if done.returncode:
+                raise SystemExit(f"build_native: compiling {source.name} failed:\n{done.stdout[-4000:]}")
+            built.append(so)
         if hugepages.NATIVE_DIR.exists():
             shutil.rmtree(hugepages.NATIVE_DIR)
         hugepages.NATIVE_DIR.mkdir()
-        shutil.copy2(so, out)
+        for so in built:
+            shutil.copy2(so, hugepages.NATIVE_DIR / so.name)
     (hugepages.NATIVE_DIR / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
@@ -161,7 +165,7 @@ def main() -> int:
         build_arena()
         if not hugepages.build_current():
             raise SystemExit("build_native: the new arena build does not match its source (edited during the build?)")
-        print(f"build_native: done, {hugepages.built_path().relative_to(REPO)}")
+        print(f"build_native: done, {hugepages.NATIVE_DIR.relative_to(REPO)}")
     return 0
 
 

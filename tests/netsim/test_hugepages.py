@@ -60,18 +60,27 @@ def _run_both() -> tuple[dict, dict]:
 def test_a_build_is_used_only_while_it_matches_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = tmp_path / "_hugearena.c"
     src.write_text("/* the source */\n")
+    (tmp_path / "_eventq.c").write_text("/* the event heap's source */\n")
     monkeypatch.setattr(hugepages, "HERE", tmp_path)
     monkeypatch.setattr(hugepages, "SOURCE", src)
     monkeypatch.setattr(hugepages, "NATIVE_DIR", tmp_path / "_native")
     assert not hugepages.build_current()  # nothing built
     hugepages.NATIVE_DIR.mkdir()
     hugepages.built_path().write_bytes(b"\x7fELF")
+    (hugepages.NATIVE_DIR / "manifest.json").write_text(json.dumps(hugepages.manifest()))
+    assert not hugepages.build_current()  # one extension of the two
+    hugepages.built_path("_eventq").write_bytes(b"\x7fELF")
+    (hugepages.NATIVE_DIR / "manifest.json").unlink()
     assert not hugepages.build_current()  # built, no manifest
     (hugepages.NATIVE_DIR / "manifest.json").write_text(json.dumps(hugepages.manifest()))
     assert hugepages.build_current()
     src.write_text("/* the source, edited after the build */\n")
     assert not hugepages.build_current()
     src.write_text("/* the source */\n")
+    assert hugepages.build_current()
+    (tmp_path / "_eventq.c").write_text("/* the event heap's source, edited */\n")
+    assert not hugepages.build_current()  # one manifest covers both sources
+    (tmp_path / "_eventq.c").write_text("/* the event heap's source */\n")
     assert hugepages.build_current()
     hugepages.built_path().unlink()
     assert not hugepages.build_current()  # a manifest without the extension
