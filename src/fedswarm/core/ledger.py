@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from bisect import insort
+from typing import Iterator
 
 __all__ = ["Ledger", "NEG_INF"]
 
@@ -46,15 +47,15 @@ class Ledger:
             raise ValueError("tau_s must be positive")
         self.tau_s = tau_s
         self.max_rows = max_rows
-        self._entries: dict[tuple[str, str], float] = {}
         self._version = 0
-        # the same entries grouped for ``usage``: the tenants in order, and
-        # each tenant's peers in order with their values (kept sorted as
-        # keys arrive: sorting every entry after each change was half of
-        # ``usage``'s cost at 1,000 peers)
+        # the entries, (tenant, peer) -> log counter, grouped as ``usage``
+        # reads them: the tenants in order, each tenant's values by peer, and
+        # its peers in order (kept sorted as keys arrive: sorting every entry
+        # after each change was half of ``usage``'s cost at 1,000 peers)
         self._tenants: list[str] = []
-        self._peers: dict[str, list[str]] = {}
         self._vals: dict[str, dict[str, float]] = {}
+        self._peers: dict[str, list[str]] = {}
+        self._n = 0  # entries in all
         self._shares_key: tuple[float, int] | None = None
         self._shares_val: dict[str, float] = {}
 
@@ -64,13 +65,15 @@ class Ledger:
         """Record ``gpu_s`` GPU-seconds run by ``peer`` for ``tenant`` at ``now``."""
         if gpu_s <= 0:
             return
-        key = (tenant, peer)
         val = math.log(gpu_s) + now / self.tau_s
-        self._set(key, _logaddexp(self._entries.get(key, NEG_INF), val))
+        self._set(tenant, peer, _logaddexp(self._get(tenant, peer), val))
 
-    def _set(self, key: tuple[str, str], val: float) -> None:
-        """Enter ``val`` for ``key`` in both forms, and count a change."""
-        tenant, peer = key
+    def _get(self, tenant: str, peer: str) -> float:
+        vals = self._vals.get(tenant)
+        return NEG_INF if vals is None else vals.get(peer, NEG_INF)
+
+    def _set(self, tenant: str, peer: str, val: float) -> None:
+        """Enter ``val`` for ``(tenant, peer)``, and count a change."""
         vals = self._vals.get(tenant)
         if vals is None:
             vals = self._vals[tenant] = {}
@@ -78,39 +81,45 @@ class Ledger:
             insort(self._tenants, tenant)
         if peer not in vals:
             insort(self._peers[tenant], peer)
+            self._n += 1
         vals[peer] = val
-        self._entries[key] = val
         self._version += 1
+
+    def _items(self) -> Iterator[tuple[tuple[str, str], float]]:
+        """Every entry, by (tenant, peer)."""
+        for tenant in self._tenants:
+            vals = self._vals[tenant]
+            for peer in self._peers[tenant]:
+                yield (tenant, peer), vals[peer]
 
     # -- replication -------------------------------------------------------
 
     def row(self, peer: str, limit: int = 64) -> dict[str, float]:
         """``peer``'s own entries (tenant -> log counter), the ``limit`` largest."""
-        items = [(t, v) for (t, p), v in self._entries.items() if p == peer]
+        items = [(t, self._vals[t][peer]) for t in self._tenants if peer in self._vals[t]]
         items.sort(key=lambda kv: (-kv[1], kv[0]))
         return dict(items[:limit])
 
     def merge_row(self, peer: str, row: dict[str, float]) -> None:
         for tenant, val in row.items():
-            key = (tenant, peer)
-            if val > self._entries.get(key, NEG_INF):
-                self._set(key, val)
-        if len(self._entries) > self.max_rows:
+            if val > self._get(tenant, peer):
+                self._set(tenant, peer, val)
+        if self._n > self.max_rows:
             self._prune()
 
     def merge(self, other: "Ledger") -> None:
         """State-based merge: entry-wise max."""
-        for key, val in other._entries.items():
-            if val > self._entries.get(key, NEG_INF):
-                self._set(key, val)
+        for (tenant, peer), val in other._items():
+            if val > self._get(tenant, peer):
+                self._set(tenant, peer, val)
 
     def _prune(self) -> None:
-        # keep the largest entries; a pruned entry is a negligible one
-        keep = sorted(self._entries.items(), key=lambda kv: -kv[1])[: self.max_rows // 2]
-        self._entries = {}
-        self._tenants, self._peers, self._vals = [], {}, {}
-        for key, val in keep:
-            self._set(key, val)
+        # keep the largest entries (equal ones by (tenant, peer)); a pruned
+        # entry is a negligible one
+        keep = sorted(self._items(), key=lambda kv: -kv[1])[: self.max_rows // 2]
+        self._tenants, self._vals, self._peers, self._n = [], {}, {}, 0
+        for (tenant, peer), val in keep:
+            self._set(tenant, peer, val)
 
     # -- queries -----------------------------------------------------------
 
@@ -144,11 +153,10 @@ class Ledger:
         return self._shares_val
 
     def state(self) -> dict[tuple[str, str], float]:
-        return dict(self._entries)
+        return dict(self._items())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Ledger) and self._entries == other._entries
+        return isinstance(other, Ledger) and self._vals == other._vals
 
     def __repr__(self) -> str:
-        tenants = {t for t, _ in self._entries}
-        return f"<Ledger {len(tenants)} tenants, {len(self._entries)} entries>"
+        return f"<Ledger {len(self._tenants)} tenants, {self._n} entries>"
