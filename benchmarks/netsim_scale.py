@@ -9,10 +9,13 @@ the other, so that its peak RSS is its own. Prints, per size: wall seconds,
 simulated seconds, events, events per second, peak RSS, messages per peer
 per second (and split into gossip, leases and scheduling), CPU seconds
 (steadier than wall time on a shared box), shards lost / duplicated, and
-whether the core ran compiled (``scripts/build_native.py``). Run from the repository root::
+whether the core ran compiled (``scripts/build_native.py``). ``--kinds``
+also prints, per size, how long the cores took over each kind of input
+(``netsim.timing``: every message kind, polls, finished shards), with the
+same events and results. Run from the repository root::
 
     .venv/bin/python benchmarks/netsim_scale.py [--peers 1000 3000 10000] [--seed S] [--shards M]
-        [--max-time T] [--profile]
+        [--max-time T] [--profile] [--kinds]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import fedswarm.core  # noqa: E402
 from netsim import hugepages  # noqa: E402
 from netsim.scenario import load_scenario  # noqa: E402
 from netsim.sim import Simulator  # noqa: E402
+from netsim.timing import TimedSimulator, format_table  # noqa: E402
 
 SCENARIO = REPO / "netsim" / "scenarios" / "scale-10k.toml"
 ARRIVALS_S = 120.0  # every job arrives within this
@@ -61,12 +65,14 @@ def run_one(args: argparse.Namespace) -> dict:
     sc = scenario(args.peers[0], args.shards)
     if args.max_time:
         sc.max_time_s = args.max_time
-    sim = Simulator(sc, args.seed)
+    sim = TimedSimulator(sc, args.seed) if args.kinds else Simulator(sc, args.seed)
     t_build = time.perf_counter() - t0
     prof = cProfile.Profile() if args.profile else None
     if prof:
         prof.enable()
+    t_run = time.perf_counter()
     sim.run()
+    t_run = time.perf_counter() - t_run
     if prof:
         prof.disable()
     wall = time.perf_counter() - t0
@@ -82,6 +88,9 @@ def run_one(args: argparse.Namespace) -> dict:
         "bytes_per_peer_s": s["bytes_per_peer_s"], "native": fedswarm.core.NATIVE,
         "huge_pages": hugepages.status(),
     }
+    if isinstance(sim, TimedSimulator):
+        out["kinds"] = format_table(sim.timing, t_run)
+        out["run_s"] = round(t_run, 1)
     if prof:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     return out
@@ -94,6 +103,8 @@ def main() -> None:
     ap.add_argument("--shards", type=int, help="shards in all (default: 10 per peer)")
     ap.add_argument("--max-time", type=float, help="stop at this simulated time (profiling)")
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
+    ap.add_argument("--kinds", action="store_true",
+                    help="time the cores by input kind (netsim.timing) and print a table per size")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one size, in this process
     args = ap.parse_args()
     if args.one:
@@ -105,8 +116,9 @@ def main() -> None:
         for flag, v in (("--shards", args.shards), ("--max-time", args.max_time)):
             if v is not None:
                 cmd += [flag, str(v)]
-        if args.profile:
-            cmd.append("--profile")
+        for flag in ("profile", "kinds"):
+            if getattr(args, flag):
+                cmd.append("--" + flag)
         res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if res.returncode:
             print(f"peers={n}: exit {res.returncode}", file=sys.stderr)
@@ -117,6 +129,9 @@ def main() -> None:
               f"lost={r['lost']} duplicated={r['duplicated']} wall_s={r['wall_s']} sim_s={r['sim_s']} "
               f"events={r['events']} events_per_s={r['events_per_s']} cpu_s={r['cpu_s']} peak_rss_mb={r['peak_rss_mb']} "
               f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f} native_core={r['native']} huge_pages={r['huge_pages']}", flush=True)
+        if "kinds" in r:
+            print(f"\nThe cores' time by input, {r['peers']:,} peers (the run's {r['run_s']} s, set-up left out):\n")
+            print(r["kinds"] + "\n", flush=True)
     if not rows:
         sys.exit(1)
     print()

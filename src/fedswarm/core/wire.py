@@ -670,6 +670,17 @@ def decode_unverified(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Sig
     return _decode(data, max_bytes, None, False)
 
 
+def peek_kind(data: bytes) -> str | None:
+    """The name of the message kind an envelope says it holds, or None if
+    its header does not parse. Reads the header only: nothing is checked or
+    verified (tools that sort traffic by kind, such as netsim.timing)."""
+    try:
+        cls = KINDS.get(_PAYLOAD.decode(_OUTER.decode(data)[1]).kind)
+    except Exception:  # msgspec's DecodeError or ValidationError, or an unhashable kind
+        return None
+    return cls.__name__ if cls is not None else None
+
+
 # --------------------------------------------------------------------------
 # task parameters
 
