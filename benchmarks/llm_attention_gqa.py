@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Grouped-query attention with the key/value heads read in place, against
-repeating them, side by side: one attention call, then whole-model decode.
+"""Attention without copies of the KV cache, side by side with the copies it
+replaced: grouped-query heads read in place, and each row of a batch of
+decode steps on its own cache.
 
     .venv/bin/python benchmarks/llm_attention_gqa.py [--model smollm2-135m-instruct] [--threads 1]
 
@@ -15,7 +16,12 @@ ways in turns:
 2. the whole model (one sequence, greedy): the median ms of a decode step
    after prompts of several lengths, with the old way put back
    by a wrapper around ``scaled_dot_product_attention`` that repeats the heads
-   and drops ``enable_gqa``; the tokens must match.
+   and drops ``enable_gqa``; the tokens must match;
+3. one layer's attention for a batch of decode steps of sessions at
+   different lengths (a serving peer's batched forward): every cache copied
+   into one padded tensor with a mask, one call (before), against one call
+   per row on its own cache (``_StepKV.rows``, now). These agree to float
+   rounding, not bit for bit (the padded call runs another kernel).
 """
 
 from __future__ import annotations
@@ -112,6 +118,39 @@ def whole_model(model: str, prompts: list[int], new: int) -> None:
         print(f"| {p:,} | {o:.1f} | {w:.1f} | {o / w:.2f}x | {'yes' if toks[0] == toks[1] else 'NO'} |", flush=True)
 
 
+def batched_rows(heads: int, kv_heads: int, dim: int, batches: list[tuple[int, int]]) -> None:
+    print(f"\none layer's attention for a batch of decode steps, {heads}/{kv_heads} heads of {dim}; "
+          "row i of B has L - i positions; median of 5 runs of 20 calls\n")
+    print("| B | L | padded copy and mask, us | each row in place, us | ratio | largest difference |")
+    print("|---|---|---|---|---|---|")
+    scale = dim**-0.5
+    for bsz, n in batches:
+        lens = [n - i for i in range(bsz)]
+        q = torch.randn(bsz, heads, 1, dim)
+        ks = [torch.randn(1, kv_heads, m, dim) for m in lens]
+        vs = [torch.randn(1, kv_heads, m, dim) for m in lens]
+
+        def padded() -> torch.Tensor:
+            total = max(lens)
+            keys, values = q.new_zeros(bsz, kv_heads, total, dim), q.new_zeros(bsz, kv_heads, total, dim)
+            for b, m in enumerate(lens):
+                keys[b, :, :m] = ks[b][0]
+                values[b, :, :m] = vs[b][0]
+            mask = (torch.arange(total)[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
+            return _sdpa(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+
+        def rows() -> torch.Tensor:
+            return torch.cat([_sdpa(q[b : b + 1], ks[b], vs[b], scale=scale, enable_gqa=True) for b in range(bsz)])
+
+        diff = float((padded() - rows()).abs().max())
+        old, new = [], []
+        for _ in range(5):
+            old.append(_timed(padded, 20))
+            new.append(_timed(rows, 20))
+        o, w = statistics.median(old) * 1e6, statistics.median(new) * 1e6
+        print(f"| {bsz} | {n:,} | {o:,.1f} | {w:,.1f} | {o / w:.1f}x | {diff:.1e} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -123,6 +162,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     cfg = load_client_head(resolve_model(a.model)).config
     attention_alone(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, a.lengths)
+    batched_rows(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                 [(4, 64), (4, 512), (4, 2048), (8, 512)])
     whole_model(a.model, a.prompts, a.new)
 
 
