@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from fedswarm.tasks.checkpoint import load_block_span, load_client_head, resolve_model
-from fedswarm.tasks.llama import KVCache, generate, generate_greedy
+from fedswarm.tasks.llama import KVCache, _StepKV, generate, generate_greedy
 from fedswarm.tasks.tokenizer import BOS_ID, ByteTokenizer
 
 MODELS = ["tiny-llama", "tiny-llama-gqa"]
@@ -43,7 +43,13 @@ def test_kv_cache_decode_equals_full_recompute(model):
     torch.testing.assert_close(again, ref[:, 11:12], rtol=1e-5, atol=1e-4)
 
 
-def test_batched_decode_of_sessions_at_different_positions(model):
+@pytest.mark.parametrize("rows", ["row by row", "padded"])
+def test_batched_decode_of_sessions_at_different_positions(model, rows, monkeypatch):
+    # on the CPU each row of a batch of decode steps attends to its own
+    # cache; elsewhere (an accelerator) one padded call with a mask does:
+    # that path is run here too, on the CPU
+    if rows == "padded":
+        monkeypatch.setattr(_StepKV, "per_row_devices", ())
     head, span, _ = model
     prompts = [_ids(n, 10 + n) for n in (3, 9, 6)]
     caches = [span.new_cache(16) for _ in prompts]

@@ -368,17 +368,25 @@ class KVCache:
 class _StepKV:
     """Key/value bookkeeping for one span forward (shared by its layers)."""
 
+    #: device types whose batches of decode steps attend row by row (below)
+    per_row_devices: tuple[str, ...] = ("cpu",)
+
     def __init__(self, caches: Sequence[KVCache] | None, t: int, device: torch.device) -> None:
         self.caches = caches
         self.t = t
         self.mask: torch.Tensor | None = None
         self.causal = False
+        self.per_row = False
         if caches is None:
             self.causal = t > 1
             return
-        if t == 1:
-            # decode steps: each row attends to its own cache in place, all of
-            # it (``LlamaAttention.forward``), no mask, no padded copy
+        # decode steps on the CPU: each row attends to its own cache in place,
+        # all of it (``LlamaAttention.forward``), no mask, no padded copy. On
+        # an accelerator one padded call stays: a call per row and layer
+        # would be a kernel launch each, and its copies are cheap there (not
+        # measured: no GPU on this project's machines)
+        self.per_row = t == 1 and len(caches) > 1 and device.type in self.per_row_devices
+        if self.per_row or len(caches) == 1 and t == 1:
             return
         lens = [c.length for c in caches]
         total = max(lens) + t
@@ -396,7 +404,7 @@ class _StepKV:
         if len(self.caches) == 1:
             c = self.caches[0]
             return c.k[layer, :, : c.length + t][None], c.v[layer, :, : c.length + t][None], self.mask, False
-        if t == 1:  # rows of decode steps: LlamaAttention reads each row's cache (``rows``)
+        if self.per_row:  # LlamaAttention reads each row's cache (``rows``)
             return None, None, None, False
         assert self.mask is not None  # __init__ sets it whenever two caches or more step together
         total = self.mask.shape[-1]
