@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 import fedswarm.tasks.llama as llama
+from fedswarm.errors import InputError
 from fedswarm.tasks.checkpoint import load_block_span, load_client_head, resolve_model
 
 _sdpa = F.scaled_dot_product_attention
@@ -151,7 +153,7 @@ def batched_rows(heads: int, kv_heads: int, dim: int, batches: list[tuple[int, i
         print(f"| {bsz} | {n:,} | {o:,.1f} | {w:,.1f} | {o / w:.1f}x | {diff:.1e} |", flush=True)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--threads", type=int, default=1)
@@ -159,13 +161,20 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, nargs="+", default=[16, 512, 2048])
     ap.add_argument("--new", type=int, default=32)
     a = ap.parse_args()
+    if a.threads < 1 or a.new < 1 or min(a.lengths) < 1 or min(a.prompts) < 1:
+        ap.error("--threads, --new, --lengths and --prompts must be at least 1")
     torch.set_num_threads(a.threads)
-    cfg = load_client_head(resolve_model(a.model)).config
+    try:
+        cfg = load_client_head(resolve_model(a.model)).config
+    except InputError as exc:
+        print(f"llm_attention_gqa: {exc}", file=sys.stderr)
+        return 2
     attention_alone(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, a.lengths)
     batched_rows(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                  [(4, 64), (4, 512), (4, 2048), (8, 512)])
     whole_model(a.model, a.prompts, a.new)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

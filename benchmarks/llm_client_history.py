@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 512, 2048, 4096, 8192])
     a = ap.parse_args()
+    if min(a.width, a.boundaries, a.steps, a.repeats, *a.lengths) < 1:
+        ap.error("--width, --boundaries, --steps, --repeats and --lengths must be at least 1")
     torch.set_num_threads(1)
     row = torch.randn(1, a.width)
     print(f"width {a.width}, {a.boundaries} boundaries, {a.steps} steps a run, median of {a.repeats} runs\n")
