@@ -275,25 +275,23 @@ class LlamaAttention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         keys, values, mask, causal = kv.update(layer, k, v)
-        if keys is None:
-            # a batch of decode steps: each row attends to its own cache, read
-            # in place; copying every cache into one padded tensor with a mask
-            # cost 1.8x-2.1x the attention (benchmarks/llm_attention_gqa.py)
-            out = torch.cat([
-                F.scaled_dot_product_attention(
-                    q[i : i + 1], kk, vv, scale=self.head_dim**-0.5, enable_gqa=self.n_heads != self.n_kv)
-                for i, (kk, vv) in enumerate(kv.rows(layer))
-            ])
-            return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
         # grouped-query attention reads each key/value head for its group of
         # query heads in place: repeating the heads copied the whole cache, per
         # layer and step (SmolLM2, one layer: 0.84 against 0.37 ms at 2,048
         # positions, 7.2 against 1.6 ms at 8,192; the same bits on the CPU:
         # benchmarks/llm_attention_gqa.py)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=causal, scale=self.head_dim**-0.5,
-            enable_gqa=self.n_heads != self.n_kv,
-        )
+        scale, gqa = self.head_dim**-0.5, self.n_heads != self.n_kv
+        if kv.per_row:
+            # a batch of decode steps: each row attends to its own cache, read
+            # in place; copying every cache into one padded tensor with a mask
+            # cost 1.8x-2.1x the attention (benchmarks/llm_attention_gqa.py)
+            out = torch.cat([
+                F.scaled_dot_product_attention(q[i : i + 1], kk, vv, scale=scale, enable_gqa=gqa)
+                for i, (kk, vv) in enumerate(kv.rows(layer))
+            ])
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
@@ -402,8 +400,8 @@ class _StepKV:
             c.k[layer, :, c.length : c.length + t] = k[b]
             c.v[layer, :, c.length : c.length + t] = v[b]
         if len(self.caches) == 1:
-            c = self.caches[0]
-            return c.k[layer, :, : c.length + t][None], c.v[layer, :, : c.length + t][None], self.mask, False
+            keys, values = self._so_far(self.caches[0], layer)
+            return keys, values, self.mask, False
         if self.per_row:  # LlamaAttention reads each row's cache (``rows``)
             return None, None, None, False
         assert self.mask is not None  # __init__ sets it whenever two caches or more step together
@@ -420,8 +418,11 @@ class _StepKV:
     def rows(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each row's keys and values of ``layer`` so far, its step included (views)."""
         assert self.caches is not None
-        t = self.t
-        return [(c.k[layer, :, : c.length + t][None], c.v[layer, :, : c.length + t][None]) for c in self.caches]
+        return [self._so_far(c, layer) for c in self.caches]
+
+    def _so_far(self, c: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = c.length + self.t
+        return c.k[layer, :, :n][None], c.v[layer, :, :n][None]
 
 
 class LlamaBlockSpan(nn.Module):
