@@ -12,10 +12,16 @@ per second (and split into gossip, leases and scheduling), CPU seconds
 whether the core ran compiled (``scripts/build_native.py``). ``--kinds``
 also prints, per size, how long the cores took over each kind of input
 (``netsim.timing``: every message kind, polls, finished shards), with the
-same events and results. Run from the repository root::
+same events and results (in one process, unsplit).
+
+scale-10k is split into two parts by region, one process each
+(``netsim.parallel``); ``--split one`` runs each size unsplit in one
+process, and ``--split both`` runs each size both ways, one after the
+other, and prints the ratios. A split run's CPU seconds and peak RSS are
+both processes'. Run from the repository root::
 
     .venv/bin/python benchmarks/netsim_scale.py [--peers 1000 3000 10000] [--seed S] [--shards M]
-        [--max-time T] [--profile] [--kinds]
+        [--max-time T] [--profile] [--kinds] [--split scenario|one|both]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -37,6 +44,7 @@ sys.path.insert(0, str(REPO))
 import fedswarm.core  # noqa: E402
 from netsim import hugepages  # noqa: E402
 from netsim.scenario import load_scenario  # noqa: E402
+from netsim.parallel import Partitioned  # noqa: E402
 from netsim.sim import Simulator  # noqa: E402
 from netsim.timing import TimedSimulator, format_table  # noqa: E402
 
@@ -55,9 +63,17 @@ def scenario(peers: int, shards: int | None = None):
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process: on a shared box, steadier than wall time."""
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+    """CPU seconds of this process and its finished children (a split run's
+    other parts): on a shared box, steadier than wall time."""
+    ru, ch = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime + ch.ru_utime + ch.ru_stime
+
+
+def _peak_rss_mb() -> int:
+    """This process's peak RSS plus the largest of its children's (a split
+    run of two parts: the sum of both processes' peaks)."""
+    ru, ch = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round((ru.ru_maxrss + ch.ru_maxrss) / 1024)
 
 
 def run_one(args: argparse.Namespace) -> dict:
@@ -65,7 +81,12 @@ def run_one(args: argparse.Namespace) -> dict:
     sc = scenario(args.peers[0], args.shards)
     if args.max_time:
         sc.max_time_s = args.max_time
-    sim = TimedSimulator(sc, args.seed) if args.kinds else Simulator(sc, args.seed)
+    if args.split == "one" or args.kinds or args.profile:  # the stopwatch and cProfile see one process
+        sc = replace(sc, parts=1, part_regions=())
+    if sc.parts > 1:
+        sim: Any = Partitioned(sc, args.seed, workers=sc.parts)
+    else:
+        sim = TimedSimulator(sc, args.seed) if args.kinds else Simulator(sc, args.seed)
     t_build = time.perf_counter() - t0
     prof = cProfile.Profile() if args.profile else None
     if prof:
@@ -83,7 +104,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "completed": s["shards_completed"], "lost": s["shards_lost"], "duplicated": s["shards_duplicated"],
         "wall_s": round(wall, 1), "setup_s": round(t_build, 1), "sim_s": round(sim.now, 1), "events": sim.events,
         "events_per_s": round(sim.events / wall), "cpu_s": round(_cpu_s(), 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_rss_mb": _peak_rss_mb(), "parts": sc.parts,
         "makespan_s": s["makespan_s"], "msgs_per_peer_s": s["msgs_per_peer_s"], "split": split,
         "bytes_per_peer_s": s["bytes_per_peer_s"], "native": fedswarm.core.NATIVE,
         "huge_pages": hugepages.status(),
@@ -105,14 +126,19 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
     ap.add_argument("--kinds", action="store_true",
                     help="time the cores by input kind (netsim.timing) and print a table per size")
+    ap.add_argument("--split", choices=("scenario", "one", "both"), default="scenario",
+                    help="scenario: split into parts as scale-10k's [parallel] table says (two parts, one process "
+                         "each); one: one process, unsplit; both: each size both ways, one after the other, "
+                         "with the ratio (default: scenario)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one size, in this process
     args = ap.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
         return
     rows = []
-    for n in args.peers:
-        cmd = [sys.executable, __file__, "--one", "--peers", str(n), "--seed", str(args.seed)]
+    ways = ("one", "scenario") if args.split == "both" else (args.split,)
+    for n, way in ((n, w) for n in args.peers for w in ways):
+        cmd = [sys.executable, __file__, "--one", "--peers", str(n), "--seed", str(args.seed), "--split", way]
         for flag, v in (("--shards", args.shards), ("--max-time", args.max_time)):
             if v is not None:
                 cmd += [flag, str(v)]
@@ -125,7 +151,7 @@ def main() -> None:
             continue
         r = json.loads(res.stdout.strip().splitlines()[-1])
         rows.append(r)
-        print(f"peers={r['peers']} shards={r['shards']} jobs={r['jobs']} completed={r['completed']} "
+        print(f"peers={r['peers']} parts={r['parts']} shards={r['shards']} jobs={r['jobs']} completed={r['completed']} "
               f"lost={r['lost']} duplicated={r['duplicated']} wall_s={r['wall_s']} sim_s={r['sim_s']} "
               f"events={r['events']} events_per_s={r['events_per_s']} cpu_s={r['cpu_s']} peak_rss_mb={r['peak_rss_mb']} "
               f"msgs_per_peer_s={r['msgs_per_peer_s']:.3f} native_core={r['native']} huge_pages={r['huge_pages']}", flush=True)
@@ -135,16 +161,23 @@ def main() -> None:
     if not rows:
         sys.exit(1)
     print()
-    print("| peers | shards | wall s | CPU s | sim s | events | events/s | peak RSS MB | msgs/peer/s (gossip, leases, sched.) "
-          "| lost/dup | compiled core | huge pages |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| peers | parts | shards | wall s | CPU s | sim s | events | events/s | peak RSS MB "
+          "| msgs/peer/s (gossip, leases, sched.) | lost/dup | compiled core | huge pages |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sp = r["split"]
         parts = ", ".join(f"{sp[k]:.3f}" for k in ("gossip", "leases", "scheduling") if k in sp)
-        print(f"| {r['peers']:,} | {r['shards']:,} | {r['wall_s']} | {r['cpu_s']} | {r['sim_s']} | "
+        print(f"| {r['peers']:,} | {r['parts']} | {r['shards']:,} | {r['wall_s']} | {r['cpu_s']} | {r['sim_s']} | "
               f"{r['events']:,} | "
               f"{r['events_per_s']:,} | {r['peak_rss_mb']:,} | {r['msgs_per_peer_s']:.3f} ({parts}) | "
               f"{r['lost']}/{r['duplicated']} | {'yes' if r['native'] else 'no'} | {r['huge_pages']} |")
+    pairs = [(a, b) for a in rows for b in rows if a["peers"] == b["peers"] and a["parts"] == 1 < b["parts"]]
+    if pairs:
+        print()
+        print("| peers | wall, split / one | CPU, split / one |")
+        print("|---|---|---|")
+        for a, b in pairs:
+            print(f"| {a['peers']:,} | {b['wall_s'] / a['wall_s']:.2f} | {b['cpu_s'] / a['cpu_s']:.2f} |")
     if any(r["lost"] or r["duplicated"] for r in rows if not args.max_time):
         sys.exit(1)
 

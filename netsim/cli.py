@@ -67,6 +67,11 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, p
     p.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress on stderr (default: a bar on a terminal, a line every 5 s elsewhere)")
+    if policies is None:
+        p.add_argument("--workers", type=int, metavar="N",
+                       help="processes for a scenario split into parts ([parallel]): 1 runs the parts in turn here, "
+                            "more runs one process per part; the results are the same (default: one per part, "
+                            "up to the CPUs)")
 
 
 #: where ``run`` leaves its simulator and results when the command will
@@ -146,15 +151,28 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.plot == "" and not args.out:
         print("netsim: error: --plot without a value needs --out (the figures go next to it)", file=sys.stderr)
         return 2
+    if args.workers is not None and args.workers < 1:
+        print("netsim: error: --workers must be >= 1", file=sys.stderr)
+        return 2
     try:
-        sim = Simulator(sc, args.seed, jobs=jobs)
+        if sc.parts > 1:  # before the progress bar's thread: this forks the parts' processes
+            from .parallel import Partitioned
+
+            workers = args.workers if args.workers is not None else min(sc.parts, os.cpu_count() or 1)
+            sim: Any = Partitioned(sc, args.seed, jobs=jobs, workers=workers)
+        else:
+            sim = Simulator(sc, args.seed, jobs=jobs)
     except (ScenarioError, ValueError) as exc:  # e.g. a fault names a tenant the trace lacks
         print(f"netsim: error: {exc}", file=sys.stderr)
         return 2
-    from .progress import Progress, run_sim
+    from .progress import Progress, run_parts, run_sim
 
     with Progress(quiet=args.quiet) as prog:
-        run_sim(sim, prog.task(f"{sc.name} seed={args.seed}"))
+        task = prog.task(f"{sc.name} seed={args.seed}")
+        if sc.parts > 1:
+            run_parts(sim, task)
+        else:
+            run_sim(sim, task)
     res = sim.results()
     if _HOLD is not None:
         _HOLD.append((sim, res))  # freed by the process's exit, not object by object
@@ -166,7 +184,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     print(
         f"netsim: {sc.name} seed={args.seed} peers={sc.n_peers} sim={sim.now:.1f}s events={sim.events} "
         f"wall={wall:.2f}s ({sim.events / max(wall, 1e-9):.0f} events/s) core={_core_kind()} "
-        f"huge_pages={hugepages.status()}",
+        f"huge_pages={hugepages.status()}"
+        + (f" parts={sc.parts} workers={sim.workers}" if sc.parts > 1 else "")
+        + (" waited=" + ",".join(f"{sim.waited_s[i]:.1f}" for i in sorted(sim.waited_s)) + "s"
+           if sc.parts > 1 and sim.waited_s else ""),
         file=sys.stderr,
     )
     if args.plot is not None:

@@ -173,3 +173,19 @@ def run_sim(sim: Any, task: _Task | None, *, slice_wall_s: float = 0.25) -> None
         sim.now = max(sim.now, min(sim.stop_at, sim.sc.max_time_s))
     task.update(done=_done(sim), sim_t=sim.now, events=sim.events)
     task.finish()
+
+
+def run_parts(run: Any, task: _Task | None, *, tick_s: float = 0.25) -> None:
+    """A partitioned run (``netsim.parallel.Partitioned``) to its end,
+    reporting progress about every ``tick_s`` of wall time."""
+    if task is None:
+        run.run()
+        return
+    task.total = 1000.0
+
+    def tick(r: Any) -> None:
+        task.update(done=r.done_permille(), sim_t=r.now, events=r.events)
+
+    run.run(tick, tick_s=tick_s)
+    tick(run)
+    task.finish()

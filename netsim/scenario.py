@@ -114,6 +114,13 @@ class Scenario:
     profiles: dict[str, Profile] = field(default_factory=dict)
     faults: tuple[Fault, ...] = ()
     tenant_tasks: dict[str, str] = field(default_factory=dict)  # tenant -> task (default: ``task``)
+    #: ``[parallel]``: the run split into ``parts`` (netsim.parallel), the
+    #: clients and ``first_share`` of the peers in the first part
+    parts: int = 1
+    first_share: float = 0.5
+    #: or the parts by region: part i runs the nodes of the regions in
+    #: ``part_regions[i]`` (every message between parts then crosses regions)
+    part_regions: tuple[tuple[str, ...], ...] = ()
     llm: Any = None  # an ``[llm]`` table: netsim.llm.LLMConfig (LLM serving sessions; ``netsim run`` runs netsim.llm)
 
     def task_of(self, tenant: str) -> str:
@@ -149,8 +156,9 @@ class Scenario:
 _TOP = {
     "name", "description", "max_time_s", "warmup_s", "settle_s", "sample_s", "bootstrap_peers",
     "pubsub_fanout", "forget_after_s", "profiles_dir", "swarm", "network", "churn", "workload", "peer", "client",
-    "faults", "llm",
+    "faults", "llm", "parallel",
 }
+_PARALLEL = {"parts", "first_share", "regions"}
 _NET = {"regions", "intra_ms", "inter_ms", "jitter_ms", "bandwidth_mbps", "loss", "duplicate", "reorder",
         "reorder_ms", "partitions"}
 _PART = {"start_s", "end_s", "fraction", "regions"}
@@ -433,6 +441,28 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
         faults=faults,
         tenant_tasks=tenant_tasks,
     )
+    par = data.get("parallel", {})
+    _table(par, f"{src}: parallel", _PARALLEL)
+    parts, first = par.get("parts", 1), par.get("first_share", 0.5)
+    if type(parts) is not int or not 1 <= parts <= 64:
+        raise ScenarioError(f"{src}: parallel.parts: an integer from 1 to 64, got {parts!r}")
+    if type(first) not in (int, float) or not 0.0 <= first <= 1.0:
+        raise ScenarioError(f"{src}: parallel.first_share: a number from 0 to 1, got {first!r}")
+    sc.parts, sc.first_share = parts, float(first)
+    if "regions" in par:
+        groups = par["regions"]
+        if (not isinstance(groups, list) or len(groups) < 1
+                or not all(isinstance(g, list) and g and all(isinstance(r, str) for r in g) for g in groups)):
+            raise ScenarioError(f"{src}: parallel.regions: a list of lists of region names, one per part")
+        named = [r for g in groups for r in g]
+        if len(set(named)) != len(named):
+            raise ScenarioError(f"{src}: parallel.regions: a region in two parts")
+        if "parts" in par and parts != len(groups):
+            raise ScenarioError(f"{src}: parallel.parts = {parts} but parallel.regions names {len(groups)} parts")
+        if "first_share" in par:
+            raise ScenarioError(f"{src}: parallel.first_share: not with parallel.regions (the regions place the peers)")
+        sc.part_regions = tuple(tuple(g) for g in groups)
+        sc.parts = len(groups)
     if "llm" in data:
         from .llm import LLMError, parse_llm
 

@@ -169,6 +169,10 @@ class NodeRec:
     offline: tuple[tuple[float, float], ...] = ()  # client-disconnect windows
     fault_ids: list[int] = field(default_factory=list)  # indices into scenario.faults
     deferred: list[tuple] = field(default_factory=list)  # FIN actions that fell in a hang (schedule() hangs)
+    #: a partitioned run's stand-in for a node another part runs (netsim.parallel):
+    #: no core; its liveness as that part last reported it
+    remote: bool = False
+    part: int = 0  # the part that runs it (partitioned runs)
 
 
 class Simulator:
@@ -223,6 +227,7 @@ class Simulator:
         self.part_b: list[frozenset[str] | None] = list(plan.part_b)
         self.trace = plan.trace
         self.jobs: dict[str, JobRec] = {j.job_id: JobRec(j) for j in self.trace}
+        self._jobs_here = len(self.jobs)  # the jobs this loop's clients submit (netsim.parallel: a part's)
         self.clients: dict[str, NodeRec] = {}  # tenant name -> rec
         self.tenant_of: dict[str, str] = {}  # client peer id -> tenant name
         for c in plan.clients:
@@ -234,6 +239,8 @@ class Simulator:
         self.lapsed_at: Counter[str] = Counter()  # peer id -> client polls that found its leases lapsed
         for t, kind, subject, arg in plan.actions:
             k = _ACTION[kind]
+            if not self._runs_action(k, subject):
+                continue
             if k in (SUBMIT, JOIN):
                 self._push(t, k, subject, None, None)
             else:
@@ -241,6 +248,11 @@ class Simulator:
 
     # ------------------------------------------------------------------
     # construction
+
+    def _runs_action(self, kind: int, subject: Any) -> bool:
+        """Whether this loop performs a planned action (a partitioned run's
+        part performs only those of the nodes it runs: netsim.parallel)."""
+        return True
 
     def _node(self, rec: NodeRec) -> NodeRec:
         """File ``rec`` with the plan's faults for it."""
@@ -413,8 +425,14 @@ class Simulator:
             if extra > 0:
                 self.net_stats["delayed"] += 1
                 delays = [d + extra for d in delays]
+        if dst.remote:  # another part runs it (netsim.parallel)
+            self._post(dst, src.id, data, delays)
+            return
         for d in delays:
             self._push(self.now + d, MSG, dst, src.id, data)
+
+    def _post(self, dst: NodeRec, src_id: str, data: bytes, delays: list[float]) -> None:
+        raise AssertionError("a remote node in an unpartitioned run")
 
     # ------------------------------------------------------------------
     # effects
@@ -487,9 +505,13 @@ class Simulator:
         self._tenant_open[tname] -= 1
         self.active_tenants.set(self.now, sum(1 for v in self._tenant_open.values() if v > 0))
         self._push(self.now + self.sc.forget_after_s, FORGET, rec, e.job_id, None)
-        if self._finished == len(self.jobs) and self._submitted == len(self.jobs):
-            self.all_done_t = self.now
-            self.stop_at = min(self.stop_at, self.now + self.sc.settle_s)
+        if self._finished == self._jobs_here and self._submitted == self._jobs_here:
+            self._all_done()
+
+    def _all_done(self) -> None:
+        """Every job of the trace (that this loop submits) has finished."""
+        self.all_done_t = self.now
+        self.stop_at = min(self.stop_at, self.now + self.sc.settle_s)
 
     _submitted = 0
     _finished = 0
@@ -719,15 +741,7 @@ class Simulator:
         """What the run left, as ``netsim.report`` reads it."""
         end = self.now
         nodes = {pid: self._node_run(r, end) for pid, r in self.nodes.items()}
-        holders: dict[str, dict[int, dict[int, str]]] = {}
-        for jid in sorted(self.jobs):
-            j = self.jobs[jid]
-            if j.holders is not None:
-                holders[jid] = j.holders
-            else:
-                cj = getattr(self.clients[j.tj.tenant].core, "jobs", {}).get(jid)
-                if cj is not None:
-                    holders[jid] = {sh.index: dict(sh.holders) for sh in cj.shards}
+        holders = self._holders()
         return RunRecord(
             scenario=self.sc, seed=self.seed, end=end, events=self.events, jobs=self.jobs,
             submitted=self._submitted, nodes=nodes, clients={t: nodes[c.id] for t, c in self.clients.items()},
@@ -737,6 +751,19 @@ class Simulator:
             fault_targets=self.fault_targets, fault_stats=self.fault_stats, gc_tenant=self.gc_tenant,
             lapsed_at=self.lapsed_at,
         )
+
+    def _holders(self) -> dict[str, dict[int, dict[int, str]]]:
+        """Which peer held which attempt of each job's shards (job id -> shard -> attempt -> peer)."""
+        holders: dict[str, dict[int, dict[int, str]]] = {}
+        for jid in sorted(self.jobs):
+            j = self.jobs[jid]
+            if j.holders is not None:
+                holders[jid] = j.holders
+            else:
+                cj = getattr(self.clients[j.tj.tenant].core, "jobs", {}).get(jid)
+                if cj is not None:
+                    holders[jid] = {sh.index: dict(sh.holders) for sh in cj.shards}
+        return holders
 
     @staticmethod
     def _node_run(r: NodeRec, end: float) -> NodeRun:
