@@ -49,6 +49,7 @@ import math
 import mmap
 import os
 import random
+import signal
 import struct
 import sys
 import time
@@ -435,9 +436,13 @@ class Partitioned:
             for i in range(1, self.parts):
                 self._fork(i)
         self.local: dict[int, PartSim] = {}
-        for i in range(self.parts):
-            if i not in self.chans:
-                self.local[i] = PartSim(scenario, seed, index=i, plan=self.plan, fast=fast)
+        try:
+            for i in range(self.parts):
+                if i not in self.chans:
+                    self.local[i] = PartSim(scenario, seed, index=i, plan=self.plan, fast=fast)
+        except BaseException:
+            self._stop_workers(kill=True)
+            raise
         self.trace = self.plan.trace
         self.events = 0
         self.shards_delivered = 0
@@ -456,6 +461,8 @@ class Partitioned:
         pid = os.fork()
         if pid == 0:  # the part's process
             code = 1
+            # Ctrl-C is netsim's to handle: it stops this process (``_stop_workers``)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 _serve(self.sc, self.seed, self.plan, index, self.fast,
                        _Chan(up, down, lambda: os.getppid() == parent), self.L)
@@ -479,12 +486,13 @@ class Partitioned:
         return 1000.0 * min(max(jobs, shards, t), 1.0)
 
     def run(self, tick: Callable[["Partitioned"], None] | None = None, *, tick_s: float = 0.25) -> None:
-        """Run to the end; ``tick(self)`` about every ``tick_s`` of wall time."""
+        """Run to the end; ``tick(self)`` about every ``tick_s`` of wall time.
+        A part's failure (or Ctrl-C) stops the other parts' processes too."""
         try:
             with _young_gc():
                 self._run(tick, tick_s)
         except BaseException:
-            self._stop_workers()
+            self._stop_workers(kill=True)
             raise
 
     def _recv(self, i: int) -> list[Any]:
@@ -540,15 +548,17 @@ class Partitioned:
         self._stop_workers()
         self.end = self.now = end
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, *, kill: bool = False) -> None:
         self.waited_s[0] = sum(ch.wait_s for ch in self.chans.values())
         for ch in self.chans.values():
             ch.close()
         self.chans = {}
         for pid in self.pids:
             try:
+                if kill:
+                    os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-            except ChildProcessError:
+            except (ChildProcessError, ProcessLookupError):
                 pass
         self.pids = []
 

@@ -158,3 +158,21 @@ def test_netsim_run_splits_a_scenario_over_processes(tmp_path):
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert json.loads(outs[0])["summary"]["shards_lost"] == 0
+
+
+def test_a_part_that_fails_ends_the_run_with_an_error_not_a_hang(monkeypatch, capfd):
+    from netsim import parallel
+
+    real = parallel.PartSim.run_window
+
+    def failing(self, t_end):
+        if self.index == 1 and t_end > 30:
+            raise ValueError("part 1 broke")
+        return real(self, t_end)
+
+    monkeypatch.setattr(parallel.PartSim, "run_window", failing)  # the forked part inherits it
+    run = Partitioned(churn(parts=2, first_share=0.5), 1, workers=2)
+    with pytest.raises(RuntimeError, match="part 1's process stopped"):
+        run.run()
+    assert "ValueError: part 1 broke" in capfd.readouterr().err
+    assert run.pids == []  # reaped
