@@ -1,13 +1,17 @@
 """Partitioned runs: one simulation split into parts that run side by side.
 
-A scenario with ``[parallel] parts = K`` runs its swarm as K parts. Part 0
-runs every client and ``first_share`` of the peers; the other peers go to
-parts 1..K-1 by a hash of their id. Each part is a ``Simulator`` over the
-nodes it runs, with a stand-in (``NodeRec.remote``) for every other node.
+A scenario with a ``[parallel]`` table runs its swarm as parts: with
+``regions = [[...], ...]`` one part per list of regions, holding every node
+(peer or client) of those regions; with ``parts = K``, part 0 runs every
+client and ``first_share`` of the peers, and the other peers go to parts
+1..K-1 by a hash of their id. Each part is a ``Simulator`` over the nodes
+it runs, with a stand-in (``NodeRec.remote``) for every other node.
 
-The parts advance in windows of simulated time as long as the network's
-least possible delay, ``lookahead(net)``: the smallest base latency of any
-link (transfer time, jitter and reordering only add to it). A message sent
+The parts advance in windows of simulated time as long as the least
+possible delay of a message between two parts, ``lookahead``: the smallest
+base latency of such a link (transfer time, jitter and reordering only add
+to it), so 50 ms for parts by region (``inter_ms``'s low end) and 5 ms for
+parts by hash (``intra_ms``'s). A message sent
 inside a window ``[ws, ws + L)`` therefore arrives at ``ws + L`` or later,
 so no part can receive, within a window, anything another part sends in the
 same window: each part runs its window alone, and between windows the
@@ -18,8 +22,10 @@ parts exchange
 * the changes to their nodes' liveness (started, crashed, left, leaving),
   which the receivers' stand-ins take (a part sees another's churn at most
   one window late, as a real peer would);
-* their next event times and stop times: the next window starts at the
-  earliest next event of any part, so idle stretches cost nothing.
+* their next event times, and when their clients' jobs were all done: the
+  next window starts at the earliest next event of any part, so idle
+  stretches cost nothing, and the run stops ``settle_s`` after the last
+  part's jobs are done.
 
 This is the conservative, synchronous-window scheme of parallel
 discrete-event simulation (a lookahead of one link's least latency). The
@@ -32,10 +38,9 @@ byte. With more parts it is a different (equally deterministic) run of the
 same swarm: each part draws message delays and joiners' bootstrap peers
 from its own RNG, and liveness crosses parts a window late.
 
-Processes exchange MessagePack frames over pipes, and wait for each other
-by polling their pipe for a few milliseconds before they block: the VM's
-wake-up from a blocking read costs about 0.3 ms, and a run has a window
-every few milliseconds of simulated time.
+Processes exchange MessagePack frames through shared memory (``_Chan``)
+and poll for each other's: a run has an exchange per window, and on this
+VM a wake-up from a blocking read costs about 0.3 ms.
 
 Not partitioned (``PartitionError``): ``[[faults]]``, network partitions
 and ``[llm]`` scenarios, whose injected windows and per-link faults are
@@ -48,6 +53,7 @@ import hashlib
 import math
 import mmap
 import os
+import platform
 import random
 import signal
 import struct
@@ -311,11 +317,11 @@ class _Chan:
     taken the previous frame, copies the frame in (in pieces, if it is
     larger than the slot), then bumps the slot's sequence number; the reader
     polls that number. Pipes were far slower here: a ping-pong of 200 bytes
-    between two polling processes took 343 us over pipes and 30 to 40 us
-    through shared memory (``/tmp`` scripts, 2026-12-06), and a run has one
-    exchange per few milliseconds of simulated time. The order of the
-    stores (payload, then sequence number) is x86-64's: elsewhere
-    ``Partitioned`` runs every part in one process."""
+    between two polling processes took 343 us over pipes and 1.5 to 40 us
+    through shared memory (``/tmp`` scripts, 2026-12-06), and a run has an
+    exchange per window. The reader relies on x86-64's store order (the
+    payload is visible before the sequence number that follows it): on
+    other machines ``Partitioned`` runs every part in one process."""
 
     _HDR = struct.Struct("<QQQ")  # sequence number, payload bytes, more pieces follow (the sequence number written last)
     _ACK = 24  # the reader's last taken sequence number
@@ -372,9 +378,6 @@ class _Chan:
             if not more:
                 return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def close(self) -> None:
-        pass
-
 
 _SLOT = 8 << 20  # bytes per direction and worker
 
@@ -423,7 +426,9 @@ class Partitioned:
         self.sc = scenario
         self.seed = seed
         self.parts = scenario.parts
-        self.workers = self.parts if workers > 1 and self.parts > 1 else 1
+        # processes share frames by x86-64's store order (``_Chan``)
+        x86 = platform.machine().lower() in ("x86_64", "amd64")
+        self.workers = self.parts if workers > 1 and self.parts > 1 and x86 else 1
         self.plan = make_plan(scenario, seed, jobs=jobs)
         self.L = lookahead(scenario)
         self.fast = fast
@@ -550,8 +555,6 @@ class Partitioned:
 
     def _stop_workers(self, *, kill: bool = False) -> None:
         self.waited_s[0] = sum(ch.wait_s for ch in self.chans.values())
-        for ch in self.chans.values():
-            ch.close()
         self.chans = {}
         for pid in self.pids:
             try:
