@@ -431,6 +431,14 @@ class Partitioned:
         self.workers = self.parts if workers > 1 and self.parts > 1 and x86 else 1
         self.plan = make_plan(scenario, seed, jobs=jobs)
         self.L = lookahead(scenario)
+        # every node has a part (a region no part names is refused here, before any fork)
+        for p in self.plan.peers:
+            owner(p.id, True, p.region, scenario)
+        for c in self.plan.clients:
+            owner(c.id, False, c.region, scenario)
+        for _, kind, subject, _ in self.plan.actions:
+            if kind == "join":
+                owner(subject.id, True, subject.region, scenario)
         self.fast = fast
         self.chans: dict[int, _Chan] = {}
         self.pids: list[int] = []

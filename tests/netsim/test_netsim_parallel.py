@@ -124,6 +124,9 @@ def test_what_cannot_be_split_is_refused():
                          network={"partitions": [{"start_s": 1, "end_s": 2, "fraction": 0.5}]})
     with pytest.raises(PartitionError, match="partitions"):
         Partitioned(part, 1)
+    unnamed = churn(regions=[["eu"], ["asia"]])  # the A100 servers are in "us"
+    with pytest.raises(PartitionError, match="region 'us'"):
+        Partitioned(unnamed, 1, workers=2)
     for bad, msg in (({"parts": 0}, "parts"), ({"parts": 2, "first_share": 1.5}, "first_share"),
                      ({"regions": [["eu"], ["eu"]]}, "two parts"), ({"regions": "eu"}, "lists"),
                      ({"parts": 3, "regions": [["eu"], ["us"]]}, "names 2"), ({"workers": 2}, "unknown")):
