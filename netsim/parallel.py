@@ -304,10 +304,6 @@ def _sum_steps(fns: list[StepFn]) -> StepFn:
     return out
 
 
-def _counter(d: dict) -> Counter:
-    return Counter(d)
-
-
 class _Chan:
     """Frames to and from another process through two shared-memory slots,
     one per direction.
@@ -382,6 +378,12 @@ class _Chan:
 _SLOT = 8 << 20  # bytes per direction and worker
 
 
+def _unpack(frame: bytes) -> Any:
+    """A frame from another part (or a part's own pieces): lists, and maps
+    with integer keys (shard indices)."""
+    return msgpack.unpackb(frame, raw=False, use_list=True, strict_map_key=False)
+
+
 def _running(pid: int) -> bool:
     try:
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
@@ -430,7 +432,6 @@ class Partitioned:
         x86 = platform.machine().lower() in ("x86_64", "amd64")
         self.workers = self.parts if workers > 1 and self.parts > 1 and x86 else 1
         self.plan = make_plan(scenario, seed, jobs=jobs)
-        self.L = lookahead(scenario)
         # every node has a part (a region no part names is refused here, before any fork)
         for p in self.plan.peers:
             owner(p.id, True, p.region, scenario)
@@ -463,7 +464,8 @@ class Partitioned:
         self.stop_at = scenario.max_time_s
         self.now = 0.0
         self.end: float | None = None
-        self._pieces: dict[int, bytes] = {}
+        #: each part's share of the results (``PartSim.pieces``), unpacked
+        self._pieces: dict[int, dict[str, Any]] = {}
 
     def _fork(self, index: int) -> None:
         down = mmap.mmap(-1, _SLOT)  # here -> part
@@ -478,7 +480,7 @@ class Partitioned:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 _serve(self.sc, self.seed, self.plan, index, self.fast,
-                       _Chan(up, down, lambda: os.getppid() == parent), self.L)
+                       _Chan(up, down, lambda: os.getppid() == parent))
                 code = 0
             except BaseException:
                 traceback.print_exc()
@@ -510,12 +512,12 @@ class Partitioned:
 
     def _recv(self, i: int) -> list[Any]:
         try:
-            return msgpack.unpackb(self.chans[i].recv(), raw=False, use_list=True, strict_map_key=False)
+            return _unpack(self.chans[i].recv())
         except EOFError:
             raise RuntimeError(f"netsim: part {i}'s process stopped (its error is above)") from None
 
     def _run(self, tick: Callable[["Partitioned"], None] | None, tick_s: float) -> None:
-        parts, L = self.parts, self.L
+        parts = self.parts
         states: dict[int, list[Any]] = {i: p.report_out() for i, p in self.local.items()}
         for i in self.chans:
             states[i] = self._recv(i)
@@ -538,7 +540,7 @@ class Partitioned:
                 ch.send(msgpack.packb([nxt, stop, changes[i], msgs[i]], use_bin_type=True))
             for i, p in self.local.items():
                 p.take_in(stop, changes[i], msgs[i])
-                p.run_window(nxt + L)
+                p.run_window(nxt + p.lookahead)
                 states[i] = p.report_out()
             for i in self.chans:
                 states[i] = self._recv(i)
@@ -551,13 +553,13 @@ class Partitioned:
         for i, p in self.local.items():
             p.stop_at = min(p.stop_at, stop)
             p.now = end
-            self._pieces[i] = p.pieces(end)
+            self._pieces[i] = _unpack(p.pieces(end))
         for i, ch in self.chans.items():
             try:
-                self._pieces[i] = ch.recv()
+                self._pieces[i] = _unpack(ch.recv())
             except EOFError:
                 raise RuntimeError(f"netsim: part {i}'s process stopped (its error is above)") from None
-            self.waited_s[i] = msgpack.unpackb(self._pieces[i], raw=False, strict_map_key=False)["waited_s"]
+            self.waited_s[i] = self._pieces[i]["waited_s"]
         self._stop_workers()
         self.end = self.now = end
 
@@ -580,13 +582,10 @@ class Partitioned:
         if self.end is None:
             raise RuntimeError("Partitioned.record before run")
         end, plan = self.end, self.plan
-        pieces = [msgpack.unpackb(self._pieces[i], raw=False, use_list=True, strict_map_key=False)
-                  for i in range(self.parts)]
-        profiles = {p.id: p.profile for p in plan.peers}
-        joiners = sorted(((t, k, a.id) for k, (t, kind, a, _) in enumerate(plan.actions) if kind == "join"))
-        for _, kind, a, _ in plan.actions:
-            if kind == "join":
-                profiles[a.id] = a.profile
+        pieces = [self._pieces[i] for i in range(self.parts)]
+        joins = [(t, k, a) for k, (t, kind, a, _) in enumerate(plan.actions) if kind == "join"]
+        profiles = {p.id: p.profile for p in plan.peers} | {a.id: a.profile for _, _, a in joins}
+        joiners = sorted((t, k, a.id) for t, k, a in joins)
         runs: dict[str, NodeRun] = {}
         for pc in pieces:
             for (pid, is_peer, name, started, start_t, end_t, fate, hung, busy_s, busy_j, msgs, nbytes, open_r,
@@ -595,7 +594,7 @@ class Partitioned:
                     id=pid, is_peer=is_peer, name=name, profile=profiles.get(pid) if is_peer else None,
                     started=started, start_t=start_t, end_t=end_t, fate=fate, hung=hung, busy_gpu_s=busy_s,
                     busy_energy_j=busy_j, msgs=msgs, bytes=nbytes, open_runs=[tuple(x) for x in open_r],
-                    stats=_counter(stats), rejected=_counter(rejected), stale_leases=stale, fault_ids=fault_ids)
+                    stats=Counter(stats), rejected=Counter(rejected), stale_leases=stale, fault_ids=fault_ids)
         order = [p.id for p in plan.peers] + [c.id for c in plan.clients] + [pid for _, _, pid in joiners]
         nodes = {pid: runs[pid] for pid in order if pid in runs}
 
@@ -630,8 +629,8 @@ class Partitioned:
             submitted=sum(pc["submitted"] for pc in pieces), nodes=nodes, clients=clients,
             initial_peers=len(plan.initial_peers),
             intervals=[tuple(x) for pc in pieces for x in pc["intervals"]], wasted_gpu_s=wasted,
-            capacity=_sum_steps([_step(pc["capacity"]) for pc in pieces]),
-            active_tenants=_sum_steps([_step(pc["active_tenants"]) for pc in pieces]),
+            capacity=_sum_steps([StepFn.from_points(*pc["capacity"]) for pc in pieces]),
+            active_tenants=_sum_steps([StepFn.from_points(*pc["active_tenants"]) for pc in pieces]),
             msgs=sum(pc["msgs"] for pc in pieces), bytes=sum(pc["bytes"] for pc in pieces),
             msg_kinds=total("msg_kinds"), bytes_kinds=total("bytes_kinds"), net_stats=total("net_stats"),
             holders=holders, fault_targets=plan.fault_targets, fault_stats=total("fault_stats"),
@@ -643,22 +642,13 @@ class Partitioned:
             return report(self.record())
 
 
-def _step(tv: list[list[float]]) -> StepFn:
-    f = StepFn(tv[0][0], tv[1][0])
-    f.ts, f.vs = list(tv[0]), list(tv[1])
-    f.cum = [0.0]
-    for k in range(1, len(f.ts)):
-        f.cum.append(f.cum[-1] + f.vs[k - 1] * (f.ts[k] - f.ts[k - 1]))
-    return f
-
-
-def _serve(sc: Scenario, seed: int, plan: Plan, index: int, fast: bool, ch: _Chan, L: float) -> None:
+def _serve(sc: Scenario, seed: int, plan: Plan, index: int, fast: bool, ch: _Chan) -> None:
     """A part's process: report, take the exchange, run the window, until told the end."""
     part = PartSim(sc, seed, index=index, plan=plan, fast=fast)
     with _young_gc():
         ch.send(msgpack.packb(part.report_out(), use_bin_type=True))
         while True:
-            nxt, stop, changes, msgs = msgpack.unpackb(ch.recv(), raw=False, use_list=True, strict_map_key=False)
+            nxt, stop, changes, msgs = _unpack(ch.recv())
             if nxt is None:  # the end: ``stop`` is the run's end time
                 part.stop_at = min(part.stop_at, stop)
                 part.now = stop
@@ -666,5 +656,5 @@ def _serve(sc: Scenario, seed: int, plan: Plan, index: int, fast: bool, ch: _Cha
                 ch.send(part.pieces(stop))
                 return
             part.take_in(stop, changes, msgs)
-            part.run_window(nxt + L)
+            part.run_window(nxt + part.lookahead)
             ch.send(msgpack.packb(part.report_out(), use_bin_type=True))

@@ -44,6 +44,17 @@ class StepFn:
         self.vs = [v0]
         self.cum = [0.0]  # integral from ts[0] to ts[i]
 
+    @classmethod
+    def from_points(cls, ts: list[float], vs: list[float]) -> "StepFn":
+        """The function whose change points are ``ts`` and values ``vs``, as
+        another one's ``ts`` and ``vs`` hold them (a part of a split run
+        hands its own over: netsim.parallel)."""
+        f = cls(ts[0], vs[0])
+        f.ts, f.vs = list(ts), list(vs)
+        for k in range(1, len(f.ts)):
+            f.cum.append(f.cum[-1] + f.vs[k - 1] * (f.ts[k] - f.ts[k - 1]))
+        return f
+
     def set(self, t: float, v: float) -> None:
         if t < self.ts[-1]:
             raise ValueError("StepFn.set: time went backwards")

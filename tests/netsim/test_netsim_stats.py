@@ -44,6 +44,16 @@ def test_stepfn_time_average():
     assert f.mean(12, 12) == 3.0
     with pytest.raises(ValueError):
         f.set(5.0, 1.0)
+    # rebuilt from its points (a split run's part hands them over): the same
+    # function, integrals to the bit
+    g = StepFn.from_points(f.ts, f.vs)
+    assert (g.ts, g.vs, g.cum) == (f.ts, f.vs, f.cum) and g.ts is not f.ts
+    f.set(25.0, 7.25)
+    f.set(25.0, 0.0)  # overwritten in place: two equal values in a row
+    f.set(31.0, 0.1)
+    assert f.vs[-3:] == [0.0, 0.0, 0.1]
+    g = StepFn.from_points(f.ts, f.vs)
+    assert g.cum == f.cum and g.mean(3.3, 40.7) == f.mean(3.3, 40.7)
 
 
 def test_round_floats():
