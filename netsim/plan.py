@@ -145,7 +145,8 @@ def make_plan(scenario: Scenario, seed: int = 0, *, jobs: list[TraceJob] | None 
     for tname in sorted({j.tenant for j in trace}):
         idn = _identity(id_rng)
         core_seed = core_rng.getrandbits(64)
-        c = ClientPlan(tname, idn, draw_region(), core_seed)
+        drawn = draw_region()  # drawn even where the scenario names the region: the other draws stay put
+        c = ClientPlan(tname, idn, sc.tenant_regions.get(tname, drawn), core_seed)
         clients.append(c)
         actions.append((sc.warmup_s / 2, "start", c.id, None))
     seen: set[str] = set()

@@ -114,6 +114,8 @@ class Scenario:
     profiles: dict[str, Profile] = field(default_factory=dict)
     faults: tuple[Fault, ...] = ()
     tenant_tasks: dict[str, str] = field(default_factory=dict)  # tenant -> task (default: ``task``)
+    #: tenant -> the region its client sits in (default: drawn from ``regions``)
+    tenant_regions: dict[str, str] = field(default_factory=dict)
     #: ``[parallel]``: the run split into ``parts`` (netsim.parallel), the
     #: clients and ``first_share`` of the peers in the first part
     parts: int = 1
@@ -398,8 +400,9 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
                         check_dist(t[k], f"{src}: workload.tenants[{i}].{k}")
     except TraceError as exc:
         raise ScenarioError(str(exc)) from None
-    # per-tenant task kind: taken out here, the generator never sees it
+    # per-tenant task kind and client region: taken out here, the generator never sees them
     tenant_tasks: dict[str, str] = {}
+    tenant_regions: dict[str, str] = {}
     if trace is None:
         clean = []
         for i, t in enumerate(tenants):
@@ -409,6 +412,12 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
                 if task not in TENANT_TASKS:
                     raise ScenarioError(f"{src}: workload.tenants[{i}].task: one of {list(TENANT_TASKS)}, got {task!r}")
                 tenant_tasks[str(t.get("name", ""))] = task
+            if isinstance(t, dict) and "region" in t:
+                t = dict(t)
+                reg = t.pop("region")
+                if not isinstance(reg, str) or not reg:
+                    raise ScenarioError(f"{src}: workload.tenants[{i}].region: a region name, got {reg!r}")
+                tenant_regions[str(t.get("name", ""))] = reg
             clean.append(t)
         tenants = clean
     if trace is not None:
@@ -440,6 +449,7 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
         profiles=profiles,
         faults=faults,
         tenant_tasks=tenant_tasks,
+        tenant_regions=tenant_regions,
     )
     par = data.get("parallel", {})
     _table(par, f"{src}: parallel", _PARALLEL)

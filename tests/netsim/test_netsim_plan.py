@@ -73,3 +73,28 @@ def test_report_reads_the_record_not_the_cores():
     for node in sim.nodes.values():
         node.core = None  # a report that reached into a core would fail now
     assert dumps_results(report(rec)) == want
+
+
+def test_a_tenant_names_its_clients_region():
+    """``region`` in a tenant's table places its client there; the region is
+    still drawn, so the other tenants' clients and every peer stay where
+    they were. A region that is not a name is refused."""
+    import pytest
+    from netsim.scenario import ScenarioError
+
+    def tenants(first_region=None):
+        ts = [{"name": n, "jobs": 2, "rate_per_h": 600, "shards": 2, "duration_s": 10} for n in ("a", "b", "c")]
+        if first_region is not None:
+            ts[0]["region"] = first_region
+        return {"tenants": ts}
+
+    net = {"regions": {"us": 0.5, "eu": 0.3, "asia": 0.2}}
+    drawn = make_plan(_scenario(workload=tenants(), network=net), 3)
+    named = {c.tenant: c.region for c in drawn.clients}
+    other = "asia" if named["a"] != "asia" else "eu"
+    placed = make_plan(_scenario(workload=tenants(other), network=net), 3)
+    assert {c.tenant: c.region for c in placed.clients} == {**named, "a": other}
+    assert [(p.id, p.region) for p in placed.peers] == [(p.id, p.region) for p in drawn.peers]
+    for bad in ("", 3):
+        with pytest.raises(ScenarioError, match="region"):
+            _scenario(workload=tenants(bad), network=net)
