@@ -7,44 +7,49 @@ client and ``first_share`` of the peers, and the other peers go to parts
 1..K-1 by a hash of their id. Each part is a ``Simulator`` over the nodes
 it runs, with a stand-in (``NodeRec.remote``) for every other node.
 
-The parts advance in windows of simulated time as long as the least
-possible delay of a message between two parts, ``lookahead``: the smallest
-base latency of such a link (transfer time, jitter and reordering only add
-to it), so 50 ms for parts by region (``inter_ms``'s low end) and 5 ms for
-parts by hash (``intra_ms``'s). A message sent
-inside a window ``[ws, ws + L)`` therefore arrives at ``ws + L`` or later,
-so no part can receive, within a window, anything another part sends in the
-same window: each part runs its window alone, and between windows the
-parts exchange
+The parts advance in windows of simulated time, a fraction of the
+``lookahead``: the least possible delay of a message between two parts,
+the smallest base latency of such a link (transfer time, jitter and
+reordering only add to it), so 50 ms for parts by region (``inter_ms``'s
+low end) and 5 ms for parts by hash (``intra_ms``'s). Windows are
+``lookahead / (AHEAD + 1)`` long, so a message sent in a window arrives
+after the next ``AHEAD`` windows end: a part may run those before it hears
+what the others sent. After each window a part takes in the others'
+reports (frames) of ``AHEAD`` windows before and sends its own:
 
-* the messages they sent each other, pushed into the receivers' queues in
-  part order, each part's in the order it sent them;
-* the changes to their nodes' liveness (started, crashed, left, leaving),
+* the messages it sent each other part, pushed into the receiver's queue
+  in part order, each part's in the order it sent them;
+* the changes to its nodes' liveness (started, crashed, left, leaving),
   which the receivers' stand-ins take (a part sees another's churn at most
-  one window late, as a real peer would);
-* their next event times, and when their clients' jobs were all done: the
-  next window starts at the earliest next event of any part, so idle
-  stretches cost nothing, and the run stops ``settle_s`` after the last
-  part's jobs are done.
+  a lookahead late, as a real peer would see it some time late);
+* its next event time, and when its clients' jobs were all done. From the
+  same frames every part computes the same next window and stop time: a
+  stretch in which no part has anything to do is skipped, and the run
+  stops ``settle_s`` after the last part's jobs are done.
 
-This is the conservative, synchronous-window scheme of parallel
-discrete-event simulation (a lookahead of one link's least latency). The
-result is a function of the scenario and the seed alone, not of how the
-parts are spread over processes: ``workers = 1`` runs them in turn in one
-process, ``workers = K`` runs part 0 here and each other part in a forked
-process, and both write the same bytes (tests/netsim/test_netsim_parallel.py).
-With ``parts = 1`` the run is the unpartitioned ``Simulator``'s, byte for
-byte. With more parts it is a different (equally deterministic) run of the
-same swarm: each part draws message delays and joiners' bootstrap peers
-from its own RNG, and liveness crosses parts a window late.
+This is the conservative scheme of parallel discrete-event simulation (a
+lookahead of one link's least latency), with the windows pipelined so
+that a part's slow window is made up in its next ones instead of stalling
+the others at once (``_Lane``). The result is a function of the scenario
+and the seed alone, not of how the parts are spread over processes:
+``workers = 1`` runs them in turn in one process, ``workers = K`` runs part
+0 here and each other part in a forked process, and both write the same
+bytes (tests/netsim/test_netsim_parallel.py). With ``parts = 1`` the run
+is the unpartitioned ``Simulator``'s, byte for byte. With more parts it is
+a different (equally deterministic) run of the same swarm: each part draws
+message delays and joiners' bootstrap peers from its own RNG, and liveness
+crosses parts late.
 
-Processes exchange MessagePack frames through shared memory (``_Chan``)
-and poll for each other's: a run has an exchange per window, and on this
-VM a wake-up from a blocking read costs about 0.3 ms.
+Processes exchange MessagePack frames through rings in shared memory
+(``_Chan``), one per ordered pair of parts, and poll for each other's: a
+run has an exchange per window, and on this VM a wake-up from a blocking
+read costs about 0.3 ms.
 
 Not partitioned (``PartitionError``): ``[[faults]]``, network partitions
 and ``[llm]`` scenarios, whose injected windows and per-link faults are
-read across nodes; ``netsim compare`` and ``netsim faults`` run unpartitioned.
+read across nodes, and a ``settle_s`` shorter than the lookahead (the
+parts learn of the stop that late); ``netsim compare`` and ``netsim faults``
+run unpartitioned.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ import struct
 import sys
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +81,8 @@ from .workload import TraceJob
 __all__ = ["PartitionError", "PartSim", "Partitioned", "lookahead", "owner", "check_partitionable"]
 
 _INF = math.inf
+#: how many windows a part may run ahead of what it has heard from the others (``_Lane``)
+AHEAD = 3
 
 
 class PartitionError(ScenarioError):
@@ -106,6 +113,8 @@ def check_partitionable(scenario: Scenario) -> None:
         why = "network partitions"
     elif lookahead(scenario) <= 0:
         why = "links with no least latency (network intra_ms and inter_ms must start above 0)"
+    elif scenario.settle_s < lookahead(scenario):
+        why = f"settle_s below the least latency between parts ({lookahead(scenario) * 1000:g} ms)"
     if why is not None:
         raise PartitionError(f"{scenario.name}: parallel.parts = {scenario.parts} does not take {why}; "
                              "set parts = 1")
@@ -150,6 +159,9 @@ class PartSim(Simulator):
         self.index = index
         self.parts = scenario.parts
         self.lookahead = lookahead(scenario)
+        #: a window's length: the lookahead over AHEAD + 1 (a hair less, against
+        #: float rounding), so nothing sent in window k arrives before window k + AHEAD + 1
+        self.window = self.lookahead / (AHEAD + 1) * (1.0 - 1e-9)
         #: messages to the other parts, per part: (arrival, to, from, bytes)
         self.outbox: list[list[tuple[float, str, str, bytes]]] = [[] for _ in range(self.parts)]
         #: liveness changes of this part's nodes since the last exchange: (id, alive, leaving)
@@ -167,7 +179,7 @@ class PartSim(Simulator):
         self.done_at: float | None = None if self._jobs_here else -_INF
 
     def _all_done(self) -> None:
-        # the run stops when every part's jobs are done (``_route``), not when this part's are
+        # the run stops when every part's jobs are done (``_Lane``), not when this part's are
         self.all_done_t = self.done_at = self.now
 
     # -- who runs what --------------------------------------------------
@@ -223,10 +235,12 @@ class PartSim(Simulator):
 
     def _post(self, dst: NodeRec, src_id: str, data: bytes, delays: list[float]) -> None:
         box = self.outbox[dst.part]
+        # the end of window k + AHEAD: the receiver runs those windows before it hears of this one
+        horizon = self.window_end + AHEAD * self.window
         for d in delays:
             t = self.now + d
-            if t < self.window_end:
-                raise AssertionError(f"a message arrives at {t} inside the window ending {self.window_end}")
+            if t < horizon:
+                raise AssertionError(f"a message arrives at {t}, before the window after this one ends ({horizon})")
             box.append((t, dst.id, src_id, data))
 
     def run_window(self, t_end: float) -> None:
@@ -238,18 +252,19 @@ class PartSim(Simulator):
         return self.q.peek_time() if self.q else _INF
 
     def report_out(self) -> list[Any]:
-        """What the other parts need after a window: [next event time, when
-        its jobs were all done (None: not yet), events so far, liveness
-        changes, messages per part, now, shards delivered, jobs finished]."""
+        """What the other parts need after a window (a frame): [next event
+        time, when its jobs were all done (None: not yet), events so far,
+        liveness changes, messages per part, now, shards delivered, jobs
+        finished, the earliest arrival of those messages]."""
+        soonest = min((m[0] for box in self.outbox for m in box), default=_INF)
         out = [self.next_time(), self.done_at, self.events, self.changes, self.outbox, self.now,
-               self.shards_delivered, self._finished]
+               self.shards_delivered, self._finished, soonest]
         self.changes = []
         self.outbox = [[] for _ in range(self.parts)]
         return out
 
-    def take_in(self, stop_at: float, changes: list[Any], msgs: list[Any]) -> None:
-        """The other parts' liveness changes and messages to this one, in part order."""
-        self.stop_at = min(self.stop_at, stop_at)
+    def take_in(self, changes: list[Any], msgs: list[Any]) -> None:
+        """Another part's liveness changes and messages to this one."""
         nodes = self.nodes
         for pid, alive, leaving in changes:
             rec = nodes[pid]
@@ -305,30 +320,35 @@ def _sum_steps(fns: list[StepFn]) -> StepFn:
 
 
 class _Chan:
-    """Frames to and from another process through two shared-memory slots,
-    one per direction.
+    """Frames from one process to another through a ring of shared-memory
+    slots.
 
-    The exchanges strictly alternate (a part reports, then hears back), so
-    one slot per direction suffices: the writer waits until the reader has
-    taken the previous frame, copies the frame in (in pieces, if it is
-    larger than the slot), then bumps the slot's sequence number; the reader
-    polls that number. Pipes were far slower here: a ping-pong of 200 bytes
-    between two polling processes took 343 us over pipes and 1.5 to 40 us
-    through shared memory (``/tmp`` scripts, 2026-12-06), and a run has an
-    exchange per window. The reader relies on x86-64's store order (the
-    payload is visible before the sequence number that follows it): on
-    other machines ``Partitioned`` runs every part in one process."""
+    The writer copies a frame into the next free slot (in pieces, if it is
+    larger than a slot), then bumps the count of pieces written; the reader
+    polls that count, copies the piece out and bumps the count taken. A
+    writer waits only when all slots are full, so a part can report a
+    window and go on to the next before the other part has read the report.
+    Pipes were far slower here: a ping-pong of 200 bytes between two
+    polling processes took 343 us over pipes and 1.5 to 40 us through
+    shared memory (``/tmp`` scripts, 2026-12-06), and a run has an exchange
+    per window. The reader relies on x86-64's store order (the payload is
+    visible before the count that follows it): on other machines
+    ``Partitioned`` runs every part in one process."""
 
-    _HDR = struct.Struct("<QQQ")  # sequence number, payload bytes, more pieces follow (the sequence number written last)
-    _ACK = 24  # the reader's last taken sequence number
-    _DATA = 64
+    _HDR = struct.Struct("<QQ")  # a slot's payload bytes, and whether more pieces of the frame follow
+    _WRITTEN = 0  # pieces written, by the writer (the count is stored after the piece)
+    _TAKEN = 64  # pieces taken, by the reader (a cache line of its own)
+    _DATA = 128
+    SLOTS = 8
     SPIN_S = 0.02  # poll this long, then poll every 0.2 ms
 
-    def __init__(self, out: mmap.mmap, inp: mmap.mmap, alive: Callable[[], bool]) -> None:
+    def __init__(self, out: mmap.mmap | None, inp: mmap.mmap | None, alive: Callable[[], bool]) -> None:
         self.out, self.inp, self.alive = out, inp, alive
-        self.cap = len(out) - self._DATA
-        self.sent = 0  # sequence numbers of our frames (pieces)
-        self.taken = 0  # of theirs
+        size = len(out if out is not None else inp) - self._DATA  # type: ignore[arg-type]
+        self.slot = size // self.SLOTS
+        self.cap = self.slot - self._HDR.size
+        self.sent = 0  # pieces of ours written
+        self.taken = 0  # pieces of theirs taken
         self.wait_s = 0.0
 
     def _wait(self, ready: Callable[[], bool]) -> None:
@@ -348,34 +368,40 @@ class _Chan:
         self.wait_s += time.perf_counter() - t0
 
     def send(self, data: bytes) -> None:
-        out, cap = self.out, self.cap
+        out, cap, slots = self.out, self.cap, self.SLOTS
+        assert out is not None
         view = memoryview(data)
         while True:
             piece, view = view[:cap], view[cap:]
-            sent = self.sent
-            self._wait(lambda: struct.unpack_from("<Q", out, self._ACK)[0] == sent)
-            out[self._DATA:self._DATA + len(piece)] = piece
-            self.sent = sent + 1
-            struct.pack_into("<QQ", out, 8, len(piece), 1 if len(view) else 0)
-            struct.pack_into("<Q", out, 0, sent + 1)  # last: the reader takes the frame when it sees this
+            n = self.sent
+            self._wait(lambda: n - struct.unpack_from("<Q", out, self._TAKEN)[0] < slots)
+            at = self._DATA + (n % slots) * self.slot
+            self._HDR.pack_into(out, at, len(piece), 1 if len(view) else 0)
+            at += self._HDR.size
+            out[at:at + len(piece)] = piece
+            self.sent = n + 1
+            struct.pack_into("<Q", out, self._WRITTEN, n + 1)  # last: the reader takes the piece when it sees this
             if not len(view):
                 return
 
     def recv(self) -> bytes:
         inp, hdr = self.inp, self._HDR
+        assert inp is not None
         parts = []
         while True:
-            want = self.taken + 1
-            self._wait(lambda: struct.unpack_from("<Q", inp, 0)[0] == want)
-            _, n, more = hdr.unpack_from(inp, 0)
-            parts.append(inp[self._DATA:self._DATA + n])
-            self.taken = want
-            struct.pack_into("<Q", inp, self._ACK, want)
+            n = self.taken
+            self._wait(lambda: struct.unpack_from("<Q", inp, self._WRITTEN)[0] > n)
+            at = self._DATA + (n % self.SLOTS) * self.slot
+            size, more = hdr.unpack_from(inp, at)
+            at += hdr.size
+            parts.append(inp[at:at + size])
+            self.taken = n + 1
+            struct.pack_into("<Q", inp, self._TAKEN, n + 1)
             if not more:
                 return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-_SLOT = 8 << 20  # bytes per direction and worker
+_SLOT = 8 << 20  # bytes per direction and pair of parts
 
 
 def _unpack(frame: bytes) -> Any:
@@ -391,28 +417,162 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _route(states: dict[int, list[Any]], parts: int, sc: Scenario
-           ) -> tuple[float, float, list[list[Any]], list[list[Any]]]:
-    """From every part's report: the next window's start, the stop time (the
-    settling time after the last part's jobs are all done), and per part the
-    others' liveness changes and the messages to it, in part order."""
-    nxt = min(s[0] for s in states.values())
-    done = [s[1] for s in states.values()]
-    stop = sc.max_time_s
-    if all(d is not None for d in done):
-        stop = min(stop, max(done) + sc.settle_s)
-    changes: list[list[Any]] = [[] for _ in range(parts)]
-    msgs: list[list[Any]] = [[] for _ in range(parts)]
-    for i in range(parts):
-        s = states[i]
-        for j in range(parts):
-            if j != i:
-                changes[j].extend(s[3])
-                box = s[4][j]
-                if box:
-                    msgs[j].extend(box)
-                    nxt = min(nxt, min(m[0] for m in box))
-    return nxt, stop, changes, msgs
+def _for(frame: list[Any], j: int) -> list[Any]:
+    """``frame`` as part ``j`` takes it: only the messages to ``j``."""
+    return [*frame[:4], frame[4][j], *frame[5:]]
+
+
+class _Lane:
+    """One part's side of the windows, in whichever process runs it.
+
+    Window ``k`` is ``[s_k, s_k + W)`` with ``W`` the lookahead divided by
+    ``AHEAD + 1``, so a message sent in window ``k`` arrives after window
+    ``k + AHEAD`` ends. After window ``k`` the part takes in the other
+    parts' reports (frames) of window ``k - AHEAD``, then sends its own of
+    window ``k``: a part runs up to ``AHEAD`` windows ahead of what it has
+    heard, and a slow window of one part is made up in the next ones
+    instead of stalling the others at once. From the frames of window
+    ``k - AHEAD`` (the same for every part) come
+
+    * the stop time, once every part's jobs are done (``settle_s`` must be
+      at least the lookahead, so no part has run past it by then);
+    * the next window's start: ``s_{k+1} = max(s_k + W, G)``, where ``G``
+      is the earliest event any part had left after window ``k - AHEAD``,
+      counting the messages still in flight. If ``G`` is past window
+      ``k``, the windows since were empty everywhere, and the idle stretch
+      up to ``G`` is skipped.
+
+    Each part computes both from the same frames, so every part runs the
+    same windows and stops after the same one, whatever the processes."""
+
+    def __init__(self, part: PartSim, sc: Scenario) -> None:
+        self.part, self.sc = part, sc
+        self.start = _INF  # the next window's start
+        self.stop = sc.max_time_s
+        self.own: deque[list[Any]] = deque()  # this part's frames not yet matched by the others' (oldest first)
+        self.heard: list[list[Any]] = []  # every part's frames of window k - AHEAD, in part order
+        self.flying: deque[float] = deque()  # the earliest arrival in each of the last AHEAD such sets of frames
+        self.windows = 0
+
+    def first(self) -> list[Any]:
+        """The frame before any window."""
+        f = self.part.report_out()
+        self.own.append(f)
+        return f
+
+    def begin(self, others: dict[int, list[Any]]) -> bool:
+        """Take in the other parts' first frames; whether there is a first window."""
+        self.start = self._take(others)
+        return self.going()
+
+    def going(self) -> bool:
+        return self.start < _INF and self.start <= self.stop
+
+    def window(self) -> None:
+        self.part.run_window(self.start + self.part.window)
+        self.windows += 1
+
+    def after(self, others: dict[int, list[Any]] | None) -> list[Any]:
+        """After a window: take in the others' frames of ``AHEAD`` windows
+        before (``None`` while there are none: the first ones were taken in
+        before the first window), and give this window's frame."""
+        soonest = self._take(others) if others is not None else -_INF
+        f = self.part.report_out()
+        self.own.append(f)
+        self.start = max(self.start + self.part.window, soonest)
+        return f
+
+    def _take(self, others: dict[int, list[Any]]) -> float:
+        """Take in one frame of every other part (and match this part's own
+        of the same window); the earliest event any part then had left."""
+        part, frames = self.part, []
+        mine = self.own.popleft()
+        for j in range(part.parts):
+            if j == part.index:
+                frames.append(mine)
+                continue
+            f = others[j]
+            frames.append(f)
+            part.take_in(f[3], f[4])
+        self.heard = frames
+        done = [f[1] for f in frames]
+        if all(d is not None for d in done):
+            self.stop = min(self.stop, max(done) + self.sc.settle_s)
+        part.stop_at = min(part.stop_at, self.stop)
+        # messages of the last AHEAD windows heard may not be in their receivers' queues yet
+        self.flying.append(min(f[8] for f in frames))
+        if len(self.flying) > AHEAD:
+            self.flying.popleft()
+        return min(min(f[0] for f in frames), min(self.flying))
+
+    def end(self, last: list[list[Any]]) -> float:
+        """The run's end time, from every part's last frame: where
+        ``Simulator.run`` leaves ``now``."""
+        end = max(f[5] for f in last)
+        if self.stop < _INF:
+            end = max(end, min(self.stop, self.sc.max_time_s))
+        return end
+
+
+def _drive(lanes: dict[int, _Lane], parts: int, send: Callable[[int, int, list[Any]], None],
+           recv: Callable[[int, int], list[Any]], tick: Callable[[dict[int, list[Any]]], None] | None = None
+           ) -> tuple[float, dict[int, list[Any]]]:
+    """Run ``lanes`` (the parts in this process) window by window; the other
+    parts' frames come from ``recv(j, i)`` (part ``j``'s next frame for
+    ``i``) and ``send(i, j, frame)`` gives them theirs. ``tick(latest)``
+    after each window, with the latest frame known from each part. Returns
+    the end time and every part's last frame."""
+    remote = [j for j in range(parts) if j not in lanes]
+
+    def others(i: int, frames: dict[int, list[Any]]) -> dict[int, list[Any]]:
+        got = {j: _for(f, i) for j, f in frames.items() if j != i}
+        for j in remote:
+            got[j] = recv(j, i)
+        return got
+
+    def post(i: int, f: list[Any]) -> None:
+        for j in remote:
+            send(i, j, _for(f, j))
+
+    frames = {i: ln.first() for i, ln in lanes.items()}
+    for i in lanes:
+        post(i, frames[i])
+    going = {ln.begin(others(i, frames)) for i, ln in lanes.items()}
+    if len(going) != 1:
+        raise AssertionError("the parts disagree on the first window")
+    if not going.pop():
+        last = {j: f for ln in lanes.values() for j, f in enumerate(ln.heard)}
+        return lanes[min(lanes)].end([last[j] for j in range(parts)]), last
+    history: deque[dict[int, list[Any]]] = deque()  # this process's frames of the last windows, oldest first
+    while True:
+        for ln in lanes.values():
+            ln.window()
+        old = history.popleft() if len(history) == AHEAD else None
+        frames = {}
+        for i, ln in lanes.items():
+            frames[i] = ln.after(None if old is None else others(i, old))
+            post(i, frames[i])
+        history.append(frames)
+        if tick is not None:
+            latest = {j: f for ln in lanes.values() for j, f in enumerate(ln.heard)}
+            latest.update(frames)
+            tick(latest)
+        going = {ln.going() for ln in lanes.values()}
+        if len(going) != 1:
+            raise AssertionError("the parts disagree on the last window")
+        if not going.pop():
+            break
+    # every part stopped after the same window; the others' frames of the last windows are unread
+    i0 = min(lanes)
+    last: dict[int, list[Any]] = {}
+    while history:
+        old = history.popleft()
+        last = others(i0, old)
+        for i in lanes:
+            if i != i0:
+                others(i, old)
+    last.update(frames)
+    return lanes[i0].end([last[j] for j in range(parts)]), last
 
 
 class Partitioned:
@@ -441,18 +601,25 @@ class Partitioned:
             if kind == "join":
                 owner(subject.id, True, subject.region, scenario)
         self.fast = fast
-        self.chans: dict[int, _Chan] = {}
+        #: frames to and from each part run in another process
+        self.outs: dict[int, _Chan] = {}
+        self.ins: dict[int, _Chan] = {}
         self.pids: list[int] = []
-        #: wall seconds each part's process waited for the others (the
-        #: first waits for all of theirs in turn); none when the parts share a process
+        #: wall seconds each part's process waited for the others; none when the parts share a process
         self.waited_s: dict[int, float] = {}
         if self.workers > 1:
+            # a ring per ordered pair of parts: each part hears from every other directly
+            rings = {(i, j): mmap.mmap(-1, _SLOT) for i in range(self.parts) for j in range(self.parts) if i != j}
             for i in range(1, self.parts):
-                self._fork(i)
+                self._fork(i, rings)
+            alive = self._workers_alive
+            for j in range(1, self.parts):
+                self.outs[j] = _Chan(rings[0, j], None, alive)
+                self.ins[j] = _Chan(None, rings[j, 0], alive)
         self.local: dict[int, PartSim] = {}
         try:
             for i in range(self.parts):
-                if i not in self.chans:
+                if i not in self.ins:
                     self.local[i] = PartSim(scenario, seed, index=i, plan=self.plan, fast=fast)
         except BaseException:
             self._stop_workers(kill=True)
@@ -464,12 +631,11 @@ class Partitioned:
         self.stop_at = scenario.max_time_s
         self.now = 0.0
         self.end: float | None = None
+        self.windows = 0  # windows run (each part runs the same ones)
         #: each part's share of the results (``PartSim.pieces``), unpacked
         self._pieces: dict[int, dict[str, Any]] = {}
 
-    def _fork(self, index: int) -> None:
-        down = mmap.mmap(-1, _SLOT)  # here -> part
-        up = mmap.mmap(-1, _SLOT)  # part -> here
+    def _fork(self, index: int, rings: dict[tuple[int, int], mmap.mmap]) -> None:
         parent = os.getpid()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -479,8 +645,12 @@ class Partitioned:
             # Ctrl-C is netsim's to handle: it stops this process (``_stop_workers``)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
-                _serve(self.sc, self.seed, self.plan, index, self.fast,
-                       _Chan(up, down, lambda: os.getppid() == parent))
+                def alive() -> bool:
+                    return os.getppid() == parent
+                others = [j for j in range(self.parts) if j != index]
+                outs = {j: _Chan(rings[index, j], None, alive) for j in others}
+                ins = {j: _Chan(None, rings[j, index], alive) for j in others}
+                _serve(self.sc, self.seed, self.plan, index, self.fast, outs, ins)
                 code = 0
             except BaseException:
                 traceback.print_exc()
@@ -488,8 +658,10 @@ class Partitioned:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        self.chans[index] = _Chan(down, up, lambda: _running(pid))
         self.pids.append(pid)
+
+    def _workers_alive(self) -> bool:
+        return all(_running(pid) for pid in self.pids)
 
     # -- the run -----------------------------------------------------------
 
@@ -510,62 +682,55 @@ class Partitioned:
             self._stop_workers(kill=True)
             raise
 
-    def _recv(self, i: int) -> list[Any]:
+    def _recv(self, j: int) -> Any:
         try:
-            return _unpack(self.chans[i].recv())
+            return _unpack(self.ins[j].recv())
         except EOFError:
-            raise RuntimeError(f"netsim: part {i}'s process stopped (its error is above)") from None
+            raise RuntimeError(f"netsim: part {j}'s process stopped (its error is above)") from None
+
+    def _count(self, frames: dict[int, list[Any]]) -> None:
+        self.events = sum(f[2] for f in frames.values())
+        self.shards_delivered = sum(f[6] for f in frames.values())
+        self.finished = sum(f[7] for f in frames.values())
 
     def _run(self, tick: Callable[["Partitioned"], None] | None, tick_s: float) -> None:
-        parts = self.parts
-        states: dict[int, list[Any]] = {i: p.report_out() for i, p in self.local.items()}
-        for i in self.chans:
-            states[i] = self._recv(i)
+        lanes = {i: _Lane(p, self.sc) for i, p in self.local.items()}
+        lane = lanes[0]
         last = time.perf_counter()
-        while True:
-            nxt, stop, changes, msgs = _route(states, parts, self.sc)
-            self.stop_at = stop
-            self.events = sum(s[2] for s in states.values())
-            self.shards_delivered = sum(s[6] for s in states.values())
-            self.finished = sum(s[7] for s in states.values())
-            if tick is not None:
-                w = time.perf_counter()
-                if w - last >= tick_s:
-                    last = w
-                    self.now = min(nxt, stop)
-                    tick(self)
-            if not (nxt < _INF and nxt <= stop):
-                break
-            for i, ch in self.chans.items():
-                ch.send(msgpack.packb([nxt, stop, changes[i], msgs[i]], use_bin_type=True))
-            for i, p in self.local.items():
-                p.take_in(stop, changes[i], msgs[i])
-                p.run_window(nxt + p.lookahead)
-                states[i] = p.report_out()
-            for i in self.chans:
-                states[i] = self._recv(i)
-        # where Simulator.run leaves ``now``: the stop time, or the last event
-        end = max(s[5] for s in states.values())
-        if stop < _INF:
-            end = max(end, min(stop, self.sc.max_time_s))
-        for i, ch in self.chans.items():
-            ch.send(msgpack.packb([None, end, [], []], use_bin_type=True))
+
+        def send(i: int, j: int, frame: list[Any]) -> None:
+            self.outs[j].send(msgpack.packb(frame, use_bin_type=True))
+
+        def recv(j: int, i: int) -> list[Any]:
+            return self._recv(j)
+
+        def on_window(frames: dict[int, list[Any]]) -> None:
+            nonlocal last
+            w = time.perf_counter()
+            if w - last >= tick_s:
+                last = w
+                self._count(frames)
+                self.stop_at = lane.stop
+                self.now = min(lane.start, lane.stop)
+                tick(self)  # type: ignore[misc]
+
+        end, frames = _drive(lanes, self.parts, send, recv, on_window if tick is not None else None)
+        self.windows = lane.windows
+        self._count(frames)
+        self.stop_at = lane.stop
         for i, p in self.local.items():
-            p.stop_at = min(p.stop_at, stop)
             p.now = end
             self._pieces[i] = _unpack(p.pieces(end))
-        for i, ch in self.chans.items():
-            try:
-                self._pieces[i] = _unpack(ch.recv())
-            except EOFError:
-                raise RuntimeError(f"netsim: part {i}'s process stopped (its error is above)") from None
-            self.waited_s[i] = self._pieces[i]["waited_s"]
+        for j in self.ins:
+            self._pieces[j] = self._recv(j)
+            self.waited_s[j] = self._pieces[j]["waited_s"]
         self._stop_workers()
         self.end = self.now = end
 
     def _stop_workers(self, *, kill: bool = False) -> None:
-        self.waited_s[0] = sum(ch.wait_s for ch in self.chans.values())
-        self.chans = {}
+        if self.ins:
+            self.waited_s[0] = sum(ch.wait_s for ch in (*self.ins.values(), *self.outs.values()))
+        self.ins, self.outs = {}, {}
         for pid in self.pids:
             try:
                 if kill:
@@ -642,19 +807,19 @@ class Partitioned:
             return report(self.record())
 
 
-def _serve(sc: Scenario, seed: int, plan: Plan, index: int, fast: bool, ch: _Chan) -> None:
-    """A part's process: report, take the exchange, run the window, until told the end."""
+def _serve(sc: Scenario, seed: int, plan: Plan, index: int, fast: bool,
+           outs: dict[int, _Chan], ins: dict[int, _Chan]) -> None:
+    """A part's process: its windows, then its share of the results to netsim's process."""
     part = PartSim(sc, seed, index=index, plan=plan, fast=fast)
+
+    def send(i: int, j: int, frame: list[Any]) -> None:
+        outs[j].send(msgpack.packb(frame, use_bin_type=True))
+
+    def recv(j: int, i: int) -> list[Any]:
+        return _unpack(ins[j].recv())
+
     with _young_gc():
-        ch.send(msgpack.packb(part.report_out(), use_bin_type=True))
-        while True:
-            nxt, stop, changes, msgs = _unpack(ch.recv())
-            if nxt is None:  # the end: ``stop`` is the run's end time
-                part.stop_at = min(part.stop_at, stop)
-                part.now = stop
-                part.waited_s = ch.wait_s
-                ch.send(part.pieces(stop))
-                return
-            part.take_in(stop, changes, msgs)
-            part.run_window(nxt + part.lookahead)
-            ch.send(msgpack.packb(part.report_out(), use_bin_type=True))
+        end, _ = _drive({index: _Lane(part, sc)}, part.parts, send, recv)
+        part.now = end
+        part.waited_s = sum(ch.wait_s for ch in (*ins.values(), *outs.values()))
+        outs[0].send(part.pieces(end))

@@ -127,6 +127,9 @@ def test_what_cannot_be_split_is_refused():
     unnamed = churn(regions=[["eu"], ["asia"]])  # the A100 servers are in "us"
     with pytest.raises(PartitionError, match="region 'us'"):
         Partitioned(unnamed, 1, workers=2)
+    short = make_scenario(name="s", parallel={"parts": 2}, settle_s=0.001)  # the stop is heard a window late
+    with pytest.raises(PartitionError, match="settle_s"):
+        Partitioned(short, 1)
     for bad, msg in (({"parts": 0}, "parts"), ({"parts": 2, "first_share": 1.5}, "first_share"),
                      ({"regions": [["eu"], ["eu"]]}, "two parts"), ({"regions": "eu"}, "lists"),
                      ({"parts": 3, "regions": [["eu"], ["us"]]}, "names 2"), ({"workers": 2}, "unknown")):
@@ -179,3 +182,29 @@ def test_a_part_that_fails_ends_the_run_with_an_error_not_a_hang(monkeypatch, ca
         run.run()
     assert "ValueError: part 1 broke" in capfd.readouterr().err
     assert run.pids == []  # reaped
+
+
+def test_parts_run_ahead_of_what_they_heard_and_skip_idle_stretches():
+    """Windows are a fraction of the lookahead, so a part runs AHEAD windows
+    before it hears of the others' (every message still lands in a window
+    its receiver has not run: ``PartSim._post`` asserts it); a stretch in
+    which no part has anything to do costs a few windows, not one per
+    window's length of it."""
+    from netsim import parallel
+
+    sc = make_scenario(
+        name="sparse", max_time_s=2000, settle_s=5, parallel={"regions": [["eu"], ["us", "asia"]]},
+        network={"regions": {"us": 0.5, "eu": 0.5}},
+        peer={"gossip_interval_s": 10.0},
+        swarm=[{"profile": "datacenter-a100", "count": 2}, {"profile": "workstation-rtx4090", "count": 2}],
+        workload={"task": "sim", "tenants": [
+            {"name": "late", "jobs": 1, "rate_per_h": 3600, "start_s": 600, "shards": 3, "duration_s": 10,
+             "region": "eu"}]})
+    run = Partitioned(sc, 1, workers=2)
+    run.run()
+    s = run.results()["summary"]
+    assert s["jobs_completed"] == 1 and s["shards_lost"] == 0 and s["shards_duplicated"] == 0
+    window = parallel.lookahead(sc) / (parallel.AHEAD + 1)
+    assert run.now > 600
+    assert 10 < run.windows < 0.1 * run.now / window  # ~4 windows per gossip round, not 80 per second
+    assert run.windows <= (parallel.AHEAD + 1) * run.events + 1
