@@ -208,3 +208,15 @@ def test_parts_run_ahead_of_what_they_heard_and_skip_idle_stretches():
     assert run.now > 600
     assert 10 < run.windows < 0.1 * run.now / window  # ~4 windows per gossip round, not 80 per second
     assert run.windows <= (parallel.AHEAD + 1) * run.events + 1
+
+
+def test_rings_smaller_than_a_frame_neither_stall_nor_change_the_run(monkeypatch):
+    """With slots of a few hundred bytes every frame spans many of them and
+    both parts' rings fill at once: a writer waiting for room takes in what
+    the other part writes meanwhile, so neither waits on the other forever,
+    and the bytes are those of the run in one process."""
+    from netsim import parallel
+
+    monkeypatch.setattr(parallel, "_SLOT", 4096)  # 8 slots of about 500 bytes
+    sc = churn(regions=[["eu"], ["us", "asia"]])
+    assert run_parts(sc, 5, workers=2) == run_parts(sc, 5, workers=1)
