@@ -104,17 +104,17 @@ def check_partitionable(scenario: Scenario) -> None:
     partitioned run cannot take."""
     if scenario.parts <= 1:
         return
-    why = None
+    why, least = None, lookahead(scenario)
     if scenario.llm is not None:
         why = "an [llm] scenario"
     elif scenario.faults:
         why = "[[faults]] (their windows and links are read across nodes)"
     elif scenario.network.partitions:
         why = "network partitions"
-    elif lookahead(scenario) <= 0:
+    elif least <= 0:
         why = "links with no least latency (network intra_ms and inter_ms must start above 0)"
-    elif scenario.settle_s < lookahead(scenario):
-        why = f"settle_s below the least latency between parts ({lookahead(scenario) * 1000:g} ms)"
+    elif scenario.settle_s < least:
+        why = f"settle_s below the least latency between parts ({least * 1000:g} ms)"
     if why is not None:
         raise PartitionError(f"{scenario.name}: parallel.parts = {scenario.parts} does not take {why}; "
                              "set parts = 1")
@@ -158,10 +158,9 @@ class PartSim(Simulator):
         check_partitionable(scenario)
         self.index = index
         self.parts = scenario.parts
-        self.lookahead = lookahead(scenario)
         #: a window's length: the lookahead over AHEAD + 1 (a hair less, against
         #: float rounding), so nothing sent in window k arrives before window k + AHEAD + 1
-        self.window = self.lookahead / (AHEAD + 1) * (1.0 - 1e-9)
+        self.window = lookahead(scenario) / (AHEAD + 1) * (1.0 - 1e-9)
         #: messages to the other parts, per part: (arrival, to, from, bytes)
         self.outbox: list[list[tuple[float, str, str, bytes]]] = [[] for _ in range(self.parts)]
         #: liveness changes of this part's nodes since the last exchange: (id, alive, leaving)
@@ -558,6 +557,8 @@ def _drive(lanes: dict[int, _Lane], parts: int, send: Callable[[int, int, list[A
     after each window, with the latest frame known from each part. Returns
     the end time and every part's last frame."""
     remote = [j for j in range(parts) if j not in lanes]
+    if remote and len(lanes) > 1:
+        raise AssertionError("a process with parts elsewhere runs one part")
 
     def others(i: int, frames: dict[int, list[Any]]) -> dict[int, list[Any]]:
         got = {j: _for(f, i) for j, f in frames.items() if j != i}
@@ -597,15 +598,12 @@ def _drive(lanes: dict[int, _Lane], parts: int, send: Callable[[int, int, list[A
             raise AssertionError("the parts disagree on the last window")
         if not going.pop():
             break
-    # every part stopped after the same window; the others' frames of the last windows are unread
+    # every part stopped after the same window; the others' frames of the last
+    # windows are unread (a process with parts elsewhere runs only one lane)
     i0 = min(lanes)
     last: dict[int, list[Any]] = {}
-    while history:
-        old = history.popleft()
+    for old in history:
         last = others(i0, old)
-        for i in lanes:
-            if i != i0:
-                others(i, old)
     last.update(frames)
     return lanes[i0].end([last[j] for j in range(parts)]), last
 
