@@ -154,6 +154,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         print("netsim: error: --workers must be >= 1", file=sys.stderr)
         return 2
+    if args.workers is not None and args.workers > 1 and sc.parts == 1:
+        print(f"netsim: note: --workers {args.workers} has no effect: {sc.name} is not split into parts "
+              "(a [parallel] table; docs/netsim.md, \"Two cores\"), so it runs in this process", file=sys.stderr)
     try:
         if sc.parts > 1:  # before the progress bar's thread: this forks the parts' processes
             from .parallel import Partitioned

@@ -57,6 +57,12 @@ def test_cli_errors(tmp_path, capsys):
     # an integer is a number: a float field takes it
     sc.write_text('name = "x"\nmax_time_s = 5\n[peer]\ngossip_interval_s = 10\n[[swarm]]\nprofile = "cpu-laptop"\ncount = 1\n')
     assert main(["run", str(sc), "-q", "--profiles", str(SCENARIOS.parents[1] / "peers")]) == 0
+    capsys.readouterr()
+    # --workers on a scenario that is not split: it runs here, and says so
+    assert main(["run", str(sc), "-q", "--workers", "2", "--profiles", str(SCENARIOS.parents[1] / "peers")]) == 0
+    err = capsys.readouterr().err
+    assert "netsim: note: --workers 2 has no effect: x is not split into parts" in err
+    assert "workers=" not in err.splitlines()[-1]
 
 
 def test_the_command_exits_without_teardown_and_loses_no_output(tmp_path):
