@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from fedswarm.core.config import PeerConfig
 from fedswarm.testing.localswarm import LocalSwarm, repo_root
 
 pytestmark = pytest.mark.slow
 
+#: quiet gossip stretches an idle peer's state to 6 s * QUIET_MAX (the
+#: default of 8 would keep the killed peer on the page for up to 48 s)
+QUIET_MAX = 2
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
@@ -39,8 +41,8 @@ def _profile(tmp: Path) -> Path:
     text = (repo_root() / "peers" / "cpu-laptop.toml").read_text()
     assert "[gossip]" in text
     # short-lived states: a peer killed with SIGKILL drops out of every view
-    # within 6 s if it held work, 6 s * gossip_quiet_max (48 s) if it was idle
-    text = text.replace("[gossip]", "[gossip]\nstate_ttl_s = 6.0\nstate_refresh_s = 1.5", 1)
+    # within 6 s if it held work, 6 s * quiet_max (12 s) if it was idle
+    text = text.replace("[gossip]", f"[gossip]\nstate_ttl_s = 6.0\nstate_refresh_s = 1.5\nquiet_max = {QUIET_MAX}", 1)
     p = tmp / "cpu-laptop-short-ttl.toml"
     p.write_text(text.replace('name = "cpu-laptop"', 'name = "cpu-laptop-short-ttl"', 1))
     return p
@@ -154,11 +156,11 @@ def test_dashboard_shows_peers_coverage_and_a_killed_peer_leaving(swarm, browser
         shutil.copyfile(shot, keep)
 
     # kill -9 a peer: the page drops it when its state expires, without a
-    # reload. It is idle by now, so its state lives state_ttl_s *
-    # gossip_quiet_max (quiet gossip, the default): 48 s, and 39 s to spare
+    # reload. It is idle by now, so its state lives state_ttl_s * quiet_max
+    # (quiet gossip): 12 s, and 39 s to spare
     assert browser.execute_script("window.__no_reload = 1; return window.__no_reload;") == 1
     victim.kill()
-    bound = 6.0 * PeerConfig().gossip_quiet_max
+    bound = 6.0 * QUIET_MAX
     st = until(WebDriverWait(browser, bound + 39, poll_frequency=0.2), lambda s: victim.peer_id not in s["rows"])
     assert set(st["rows"]) == ids - {victim.peer_id}
     assert st["count"] == "2"
