@@ -408,16 +408,17 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
         for i, t in enumerate(tenants):
             if isinstance(t, dict) and ("task" in t or "region" in t):
                 t = dict(t)
-            if isinstance(t, dict) and "task" in t:
-                task = t.pop("task")
-                if task not in TENANT_TASKS:
-                    raise ScenarioError(f"{src}: workload.tenants[{i}].task: one of {list(TENANT_TASKS)}, got {task!r}")
-                tenant_tasks[str(t.get("name", ""))] = task
-            if isinstance(t, dict) and "region" in t:
-                reg = t.pop("region")
-                if not isinstance(reg, str) or not reg:
-                    raise ScenarioError(f"{src}: workload.tenants[{i}].region: a region name, got {reg!r}")
-                tenant_regions[str(t.get("name", ""))] = reg
+                if "task" in t:
+                    task = t.pop("task")
+                    if task not in TENANT_TASKS:
+                        raise ScenarioError(
+                            f"{src}: workload.tenants[{i}].task: one of {list(TENANT_TASKS)}, got {task!r}")
+                    tenant_tasks[str(t.get("name", ""))] = task
+                if "region" in t:
+                    reg = t.pop("region")
+                    if not isinstance(reg, str) or not reg:
+                        raise ScenarioError(f"{src}: workload.tenants[{i}].region: a region name, got {reg!r}")
+                    tenant_regions[str(t.get("name", ""))] = reg
             clean.append(t)
         tenants = clean
     if trace is not None:
