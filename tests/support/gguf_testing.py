@@ -213,11 +213,9 @@ ORACLE_FILE = Path(__file__).with_name("oracle_tokens.json")
 def _oracle_key(path: str, prompt: tuple[int, ...], n: int) -> str:
     import transformers
 
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return json.dumps([h.hexdigest(), list(prompt), n, transformers.__version__, torch.__version__])
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return json.dumps([digest, list(prompt), n, transformers.__version__, torch.__version__])
 
 
 @lru_cache(maxsize=None)
