@@ -59,7 +59,7 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, p
     p.add_argument("scenario", help="scenario TOML file")
     if policies is not None:
         p.add_argument("--policies", default="fedswarm,centralized,fifo,random,sparrow", help=policies)
-    p.add_argument("--seed", type=int, default=0, help="seed of the run: the same seed gives the same JSON (default: 0)")
+    p.add_argument("--seed", type=int, help="seed of the run: the same seed gives the same JSON (default: 0)")
     p.add_argument("--out", help=out)
     p.add_argument("--trace", help="CSV trace replacing the scenario's workload")
     p.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
@@ -116,10 +116,26 @@ def main(argv: list[str] | None = None) -> int:
                        profiles="directory of peer profiles",
                        policies="comma-separated: fedswarm, fedswarm-race, fedswarm-rerun, centralized, fifo, random, sparrow "
                                 "(networked), or centralized-instant, ... (their messages instant)")
+    c.add_argument("--no-plot", action="store_true", help="write the JSON only, no PNG figures")
+    c.add_argument("--seeds", metavar="SEEDS", nargs="+",
+                   help="run every seed given (1 2 3, 1-6 or 1-3 7), one process per seed, and print each seed's "
+                        "mean JCT, max rho (and the job that sets it) and deadline misses, with each policy's ratios "
+                        "against --against and their median and range; with --out, OUT is that summary and each "
+                        "seed's results go next to it as STEM.seedS.json (docs/netsim.md, \"Several seeds\")")
+    c.add_argument("--against", metavar="POLICY",
+                   help="with --seeds: the policy the ratios are taken against (default: centralized)")
+    c.add_argument("--workers", type=int, metavar="N",
+                   help="with --seeds: seeds run side by side (default: one per CPU)")
     _add_faults_parser(sub)
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = ap.parse_args(argv)
     from fedswarm.cli import check_writable, report_failure
+
+    if args.cmd == "compare" and args.seeds is not None and args.seed is not None:
+        print("netsim: error: --seed and --seeds: give one of them", file=sys.stderr)
+        return 2
+    if getattr(args, "seed", 0) is None:
+        args.seed = 0
 
     try:
         if args.out:  # checked before minutes of simulation, not after
@@ -242,6 +258,19 @@ def compare_main(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     sc, jobs = loaded
+    if args.seeds is None:
+        for flag, val in (("--against", args.against), ("--workers", args.workers)):
+            if val is not None:
+                print(f"netsim: error: {flag} goes with --seeds", file=sys.stderr)
+                return 2
+    elif sc.llm is not None:
+        print("netsim: error: --seeds compares batch scenarios; run an [llm] scenario one --seed at a time",
+              file=sys.stderr)
+        return 2
+    else:
+        from .seeds import seeds_main
+
+        return seeds_main(args, policies)
     if sc.llm is not None:  # LLM serving: fedswarm against static spans (netsim.llm)
         from .llm import llm_compare_main
 
@@ -253,8 +282,8 @@ def compare_main(args: argparse.Namespace) -> int:
         from .plots import plot_compare
 
         Path(args.out).write_text(dumps_results(cmp))
-        written = plot_compare(cmp, args.out)
-        if not args.quiet:
+        written = [] if args.no_plot else plot_compare(cmp, args.out)
+        if written and not args.quiet:
             print(f"netsim: figures: {', '.join(written)} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
     print(f"# {sc.name} seed={args.seed} peers={sc.n_peers}")
     print_table(cmp)

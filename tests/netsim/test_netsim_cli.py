@@ -81,3 +81,56 @@ def test_the_command_exits_without_teardown_and_loses_no_output(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "netsim", "run", str(tmp_path / "nosuch.toml")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "no such scenario file" in bad.stderr
+
+
+def test_compare_over_seeds_writes_each_seed_as_one_seed_would(tmp_path, capsys):
+    """``compare --seeds``: each seed's file is byte for byte what ``compare
+    --seed S --no-plot`` writes, and the summary's ratios and worst jobs are
+    those files' figures."""
+    smoke = str(SCENARIOS / "smoke-20.toml")
+    pols = ["--policies", "fedswarm,centralized,fifo"]
+    assert main(["compare", smoke, *pols, "--seeds", "2-3", "1", "--workers", "2", "-q",
+                 "--out", str(tmp_path / "s.json")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "# smoke-20 seeds=2-3 1 peers=20; ratios against centralized"
+    # rows per seed, in the order given, policies in --policies order
+    assert [(r.split()[0], r.split()[1]) for r in table[2:11]] == [
+        (s, p) for s in ("2", "3", "1") for p in ("fedswarm", "centralized", "fifo")]
+    assert main(["compare", smoke, *pols, "--seed", "3", "--no-plot", "-q", "--out", str(tmp_path / "one.json")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "one.json").read_bytes() == (tmp_path / "s.seed3.json").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json", "s.json", "s.seed1.json", "s.seed2.json",
+                                                         "s.seed3.json"]  # --no-plot: no figures
+    summ = json.loads((tmp_path / "s.json").read_text())
+    assert summ["seeds"] == [2, 3, 1] and summ["against"] == "centralized"
+    for s in (1, 2, 3):
+        res = json.loads((tmp_path / f"s.seed{s}.json").read_text())["policies"]
+        for pol in ("fedswarm", "fifo"):
+            want = res[pol]["summary"]["max_rho"] / res["centralized"]["summary"]["max_rho"]
+            assert abs(summ["ratios"][pol]["max_rho"]["per_seed"][str(s)] - want) < 1e-5 * want
+            worst = max(res[pol]["jobs"], key=lambda j: j["rho"])
+            assert summ["per_seed"][str(s)][pol]["max_rho_job"] == worst["job_id"]
+            assert summ["per_seed"][str(s)][pol]["max_rho"] == worst["rho"]
+    ratios = sorted(summ["ratios"]["fedswarm"]["mean_jct_s"]["per_seed"].values())
+    assert summ["ratios"]["fedswarm"]["mean_jct_s"]["median"] == ratios[1]
+    assert summ["ratios"]["fedswarm"]["mean_jct_s"]["min"] == ratios[0]
+    assert "fedswarm against centralized over 3 seeds: mean_jct_s median" in table[-2]
+
+
+def test_compare_over_seeds_refuses_bad_input_in_one_line(tmp_path, capsys):
+    from netsim.seeds import parse_seeds
+
+    assert parse_seeds("1-3 7,2") == [1, 2, 3, 7]
+    smoke = str(SCENARIOS / "smoke-20.toml")
+    for argv, msg in (
+        (["--seeds", "3-1"], "the range '3-1' runs backwards"),
+        (["--seeds", "one"], "'one' is not a seed or a range like 1-6"),
+        (["--seeds", "1-2", "--seed", "1"], "--seed and --seeds: give one of them"),
+        (["--seeds", "1-2", "--against", "random"], "--against random: not among --policies fedswarm,centralized"),
+        (["--seeds", "1-2", "--workers", "0"], "--workers must be >= 1"),
+        (["--workers", "2"], "--workers goes with --seeds"),
+    ):
+        assert main(["compare", smoke, "--policies", "fedswarm,centralized", "-q", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
