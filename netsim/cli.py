@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "seed", 0) is None:
         args.seed = 0
+    if getattr(args, "workers", None) is not None and args.workers < 1:  # run and compare --seeds
+        print("netsim: error: --workers must be >= 1", file=sys.stderr)
+        return 2
 
     try:
         if args.out:  # checked before minutes of simulation, not after
@@ -166,9 +169,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return llm_run_main(args, sc, t0)
     if args.plot == "" and not args.out:
         print("netsim: error: --plot without a value needs --out (the figures go next to it)", file=sys.stderr)
-        return 2
-    if args.workers is not None and args.workers < 1:
-        print("netsim: error: --workers must be >= 1", file=sys.stderr)
         return 2
     if args.workers is not None and args.workers > 1 and sc.parts == 1:
         print(f"netsim: note: --workers {args.workers} has no effect: {sc.name} is not split into parts "

@@ -42,7 +42,6 @@ def parse_seeds(spec: str) -> list[int]:
     order given, each once. Raises ValueError naming what is wrong."""
     seeds: list[int] = []
     for part in spec.replace(",", " ").split():
-        part = part.strip()
         lo, sep, hi = part.partition("-")
         try:
             a = int(lo)
@@ -61,11 +60,8 @@ def parse_seeds(spec: str) -> list[int]:
 
 def _worst(pol: dict[str, Any]) -> str | None:
     """The job that sets the policy's max rho (the first of equals)."""
-    best: tuple[float, str] | None = None
-    for j in pol["jobs"]:
-        if j.get("rho") is not None and (best is None or j["rho"] > best[0]):
-            best = (j["rho"], j["job_id"])
-    return None if best is None else best[1]
+    worst = max((j for j in pol["jobs"] if j.get("rho") is not None), key=lambda j: j["rho"], default=None)
+    return None if worst is None else worst["job_id"]
 
 
 def _row(pol: dict[str, Any]) -> dict[str, Any]:
@@ -174,9 +170,6 @@ def seeds_main(args: Any, policies: list[str]) -> int:
     against = args.against or "centralized"
     if against not in policies:
         print(f"netsim: error: --against {against}: not among --policies {','.join(policies)}", file=sys.stderr)
-        return 2
-    if args.workers is not None and args.workers < 1:
-        print("netsim: error: --workers must be >= 1", file=sys.stderr)
         return 2
     workers = min(args.workers or os.cpu_count() or 1, len(seeds))
     t0 = time.perf_counter()
