@@ -176,23 +176,27 @@ def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
     assert "gone-0" not in c.forecast._pending and "gone-99" in c.forecast._pending  # the oldest go first
 
 
-def _stale_view_run(max_rebids: int) -> tuple[float, int]:
+def _stale_view_run(max_rebids: int = 2, *, b_work: float = 400.0, a_work: float = 5.0, settle: float = 3.0,
+                    **client_kw: float) -> tuple[float, int]:
     """Client A's view says all 4 single-slot peers are free, the 2 fast ones
-    first; meanwhile client B fills both fast ones with 100 s shards. A then
-    submits a short shard and invites the one peer its view ranks first."""
+    first; meanwhile client B fills both fast ones with 100 s shards
+    (``b_work`` / 4). A then submits a short shard (``a_work`` / 4 s on a fast
+    peer) and invites the one peer its view ranks first. Returns A's JCT
+    and second looks."""
     s = MiniSwarm(4, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i < 2 else 1.0}),
                   client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 30)
-    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=30.0, max_rebids=max_rebids)
+    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=30.0, max_rebids=max_rebids,
+                     **client_kw)
     b = s.add_client(2)
     s.step_until(s.now + 31)  # A pulled the view once; its next pull is 30 s away
     assert len(a._eligible(JobSpec("x", "sim", 1, False, 5.0, 1, 0, None, 1.0, 0.0, s.now, b""), s.now)) == 4
-    jb = s.submit(b, JobRequest("sim", 2, work_s=400.0))
-    s.step_until(s.now + 3)
+    jb = s.submit(b, JobRequest("sim", 2, work_s=b_work))
+    s.step_until(s.now + settle)
     fast = [pid for i, pid in enumerate(s.peers) if i < 2]
     assert all(any(key[1] == jb for key in s.peers[pid].leases) for pid in fast)
     t0 = s.now
-    ja = s.submit(a, JobRequest("sim", 1, work_s=5.0))
+    ja = s.submit(a, JobRequest("sim", 1, work_s=a_work))
     s.step_until(s.now + 400, stop=lambda: ja in s.finished)
     assert s.finished[ja].ok
     return s.now - t0, a.stats["rebids"]
@@ -205,6 +209,17 @@ def test_a_bid_far_worse_than_the_view_promised_gets_a_second_look() -> None:
     # a second look asks the next-ranked peers (twice as many), and one of them is free
     fast, rebids = _stale_view_run(max_rebids=2)
     assert fast < 10 and rebids == 1
+
+
+def test_a_sub_second_shard_gets_a_second_look_when_its_best_bid_waits_many_runs() -> None:
+    # B's shards hold the fast peers for 2 s; A's runs 0.1 s there and 0.4 s
+    # on the free slow ones. With the absolute margin alone (rebid_min_s,
+    # 5 s), a finish about 1.6 s away is good enough, though it is 16 runs
+    slow, rebids = _stale_view_run(b_work=8.0, a_work=0.4, settle=0.5, rebid_min_runs=0.0)
+    assert slow > 1.5 and rebids == 0
+    # relative to the run (4 runs): the free slow peers finish it sooner
+    fast, rebids = _stale_view_run(b_work=8.0, a_work=0.4, settle=0.5, rebid_min_runs=4.0)
+    assert fast < slow - 0.5 and rebids == 1
 
 
 def _throttled_run(work_s: float, deadline_s: float | None) -> tuple[float, int, bool]:

@@ -29,8 +29,9 @@ the award and its result), a share of them
 (``explore_ratio``) swapped for random others. The view is tens of seconds
 old, so bids are fresh news: each bid's start time is remembered for that
 peer until a newer state of it arrives, and when the best bid of a round
-finishes far later than the view promises elsewhere (``rebid_gain``,
-``rebid_min_s``), the round is run again with the next-ranked peers, keeping
+finishes far later than the view promises elsewhere (``rebid_gain``;
+at least ``rebid_min_s``, or ``rebid_min_runs`` runs of the shard if that
+is less), the round is run again with the next-ranked peers, keeping
 its bids, at most ``max_rebids`` times. Every bid also teaches the client how
 far off states of its age were (``Forecaster.learn_stale``, ``stale_gain``); such a second
 look ranks by the view so corrected, fresh states before old ones.
@@ -881,11 +882,18 @@ class ClientCore(Node):
         if job.rebids >= cfg.max_rebids or not seen:
             return False
         # compare at full clock: a bid slowed down to save energy is not late
-        best = min(w + r for w, r in seen.values())
-        # a finish within rebid_min_s of now is good enough if it meets the
+        best_w, best_r = min(seen.values(), key=lambda wr: wr[0] + wr[1])
+        best = best_w + best_r
+        # the least gain worth a second round: rebid_min_s, or rebid_min_runs
+        # runs of the shard if fewer (a sub-second shard that would wait 2 s
+        # is worth a look at the free peers the view lists)
+        floor = cfg.rebid_min_s
+        if cfg.rebid_min_runs > 0:
+            floor = min(floor, cfg.rebid_min_runs * best_r)
+        # a finish within that floor of now is good enough if it meets the
         # deadline (a bid that starts at once but runs slowly is not: a free
         # volunteer GPU where the view lists faster ones)
-        if best < cfg.rebid_min_s and best <= left:
+        if best < floor and best <= left:
             return False
         spec = job.spec
         asked = job.asked | rnd.invited
@@ -894,7 +902,7 @@ class ClientCore(Node):
         else:  # the sample the round ranked: a second look must not cost a whole view either
             pool = self._eligible(spec, now, [e for e in map(self.view.get, rnd.ranked)
                                               if e is not None and e.expires_at > now and not e.state.leaving])
-        margin = max(cfg.rebid_gain * best, cfg.rebid_min_s)
+        margin = max(cfg.rebid_gain * best, floor)
         late = best > left
 
         def wins(alt: float) -> bool:  # monotone: a sooner finish wins too

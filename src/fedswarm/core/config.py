@@ -163,6 +163,10 @@ class ClientConfig:
     # -- second looks: the best bid is far worse than the view promised elsewhere
     rebid_gain: float = 0.5  # re-auction when others should finish this share of the best bid's finish sooner
     rebid_min_s: float = 5.0  # ... and at least this many seconds sooner
+    # ... or this many runs of the best bid's shard, if fewer: a 0.2 s job is
+    # not served well by a finish 2 s away when the view lists a free peer
+    # (an absolute 5 s margin is 25 such runs); 0: the seconds alone
+    rebid_min_runs: float = 4.0
     max_rebids: int = 2  # re-auctions of one round's shards before the best bid is taken anyway
     # -- stale states: weight of each bid in the mean of how much later than
     # its peer's state predicted bids come, per class of state age (an old
@@ -197,6 +201,8 @@ class ClientConfig:
             raise ValueError("rank_max must be >= 0")
         if self.rank_per_probe < 0:
             raise ValueError("rank_per_probe must be >= 0")
+        if self.rebid_min_runs < 0:
+            raise ValueError("rebid_min_runs must be >= 0")
         if not 0.0 <= self.stale_gain <= 1.0:
             raise ValueError("stale_gain must be in [0, 1]")
         if self.verify not in ("none", "auto", "always"):
