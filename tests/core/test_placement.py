@@ -151,6 +151,37 @@ def test_a_shard_run_again_after_its_holder_crashed_runs_at_full_clock() -> None
     assert s.finished[jid].ok
 
 
+def _short_shard_crash_run(short_lease_factor: float) -> tuple[float, int]:
+    """A 6 s shard under a 30 s lease renewed every 10 s (as eval-philly);
+    its holder crashes 1 s into the run. Returns the JCT and the renewals
+    the client acked."""
+    s = MiniSwarm(2, seed=3, peer_config=lambda i: PeerConfig(slots=1, renew_interval_s=10.0),
+                  client_config=ClientConfig(verify="none", lease_s=30.0, short_lease_factor=short_lease_factor))
+    s.step_until(s.now + 10)
+    c = s.add_client()
+    s.step_until(s.now + 5)
+    t0 = s.now
+    jid = s.submit(c, JobRequest("sim", 1, work_s=6.0))
+    s.step_until(s.now + 60, stop=lambda: any(lease.state == "running" for p in s.peers.values()
+                                              for key, lease in p.leases.items() if key[1] == jid))
+    s.step_until(s.now + 1.0)
+    (holder,) = [pid for pid, p in s.peers.items() if any(key[1] == jid for key in p.leases)]
+    s.crash(holder)
+    s.step_until(s.now + 120, stop=lambda: jid in s.finished)
+    assert s.finished[jid].ok
+    return s.now - t0, c.stats["renewals"]
+
+
+def test_a_short_lease_notices_a_crashed_short_shard_within_its_eta() -> None:
+    # lease_s alone: the crash is noticed 30 s after the peer's first renewal
+    slow, slow_renewals = _short_shard_crash_run(0.0)
+    assert slow > 30.0
+    # 1.5 x the ETA: noticed within seconds, and the shard runs again; the
+    # holder renewed at a third of its short lease until it crashed
+    fast, fast_renewals = _short_shard_crash_run(1.5)
+    assert fast < 20.0 and fast < slow - 15.0 and fast_renewals > slow_renewals
+
+
 def test_urgent_deadlines_jump_the_queue_earliest_first() -> None:
     common = dict(policy="rho", weight=1.0, share=0.0, remaining_s=10.0, arrival=0.0, knob=1.0)
     starving = priority(rho=50.0, **common)

@@ -1079,6 +1079,10 @@ class ClientCore(Node):
         # one close to done keeps the short one, so a crash is noticed fast
         cfg = self.config
         granted = min(max(cfg.lease_s, 0.5 * msg.eta_s), cfg.max_lease_s)
+        if cfg.short_lease_factor > 0:
+            # its result is due within eta_s: silence well past that is a
+            # crash (the peer renews at a third of the lease it holds)
+            granted = min(granted, max(cfg.short_lease_min_s, cfg.short_lease_factor * msg.eta_s))
         if current and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._set_lease(sh, job.spec.job_id, now + granted)
             sh.award = None

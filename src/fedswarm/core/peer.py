@@ -997,9 +997,13 @@ class PeerCore(Node):
             self._sample_rtt(signed.author, now - lease.renew_sent_at)
             lease.renew_sent_at = 0.0
         # the client may grant a longer lease to a shard with a long way to
-        # go: renew at a third of it (never more often than configured)
+        # go: renew at a third of it (not more often than configured); or a
+        # shorter one to a shard close to done: renew at a third of that
         lease.granted_s = ack.lease_s
-        lease.next_renew_at = max(lease.next_renew_at, now + ack.lease_s / 3.0)
+        if ack.lease_s >= 3.0 * self.config.renew_interval_s:
+            lease.next_renew_at = max(lease.next_renew_at, now + ack.lease_s / 3.0)
+        else:
+            lease.next_renew_at = min(lease.next_renew_at, now + ack.lease_s / 3.0)
         self._touch(lease)
         return []
 
