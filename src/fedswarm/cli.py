@@ -240,6 +240,12 @@ def _add_start(sub: argparse._SubParsersAction) -> None:
                    help="checkpoint to serve blocks of: a model name, a Hugging Face-format directory or a "
                         ".gguf file (default: serve none)")
     p.add_argument("--blocks", metavar="A:B|auto[:N]", help="block span to serve (blocks A..B-1; default: all)")
+    p.add_argument("--serve-device", default="auto", metavar="auto|cpu|cuda[:N]",
+                   help="where the served blocks compute (default: auto, the first CUDA device torch sees, "
+                        "else the CPU)")
+    p.add_argument("--serve-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="the served blocks' dtype (default: auto, bfloat16 on a GPU, float16 on one without "
+                        "bfloat16, the checkpoint's own on the CPU)")
     p.add_argument("--torch-threads", type=_int_at_least(1), metavar="N",
                    help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--membership", metavar="FILE", help="federation membership certificate (from `peer admit`)")
@@ -278,6 +284,8 @@ def _cmd_start(a: argparse.Namespace) -> int:
         grace_s=a.grace,
         serve_model=a.serve_model,
         blocks=a.blocks,
+        serve_device=a.serve_device,
+        serve_dtype=a.serve_dtype,
         torch_threads=a.torch_threads,
         membership=a.membership,
         federations=a.trust_federation,
@@ -423,7 +431,8 @@ def _cmd_status(a: argparse.Namespace) -> int:
           f"{len(st.get('sessions', []))} open sessions")
     for sp in spans:
         state = f" ({sp['state']})" if sp.get("state", "serving") != "serving" else ""
-        print(f"  model {sp['model'][:12]} blocks {sp['start']}:{sp['end']}: {sp['sessions']} sessions{state}")
+        where = f" on {sp['device']}, {sp['dtype']}" if "device" in sp else ""
+        print(f"  model {sp['model'][:12]} blocks {sp['start']}:{sp['end']}{where}: {sp['sessions']} sessions{state}")
     tr = st.get("transport") or {}
     if "lane_port" in tr:
         if tr["lane_port"]:

@@ -64,7 +64,7 @@ from .core.spans import (
     choose_span,
     per_block,
 )
-from .errors import TransportError
+from .errors import InputError, TransportError
 from .llm_protocol import (
     MAX_FRAME,
     OUT_PROTOCOL,
@@ -297,6 +297,10 @@ class BlockServer:
         # every span here is loaded with one dtype; ``span.dtype`` walks the
         # module's parameters (~26 us per request), this does not
         self._dtype = span.dtype
+        # where a step's input goes and its output comes back from (a Ray span: the CPU, its actor moves them)
+        self._device = span.device
+        #: where the spans compute (a Ray span: the actor's device, not the driver's)
+        self.device_name = str(getattr(span, "actor_device", None) or span.device)
         max_length = min(self.limits.max_session_length, cfg.max_position_embeddings)
         # a request and its answer must fit in a frame (with room for the envelope)
         fit = (max_frame - 4096) // (self.hidden_size * elem_bytes(self.dtype_name))
@@ -372,7 +376,8 @@ class BlockServer:
         """What ``/status`` lists under ``spans``: every span held here."""
         c = self.core
         return [{"model": self.model_hash, "start": a, "end": b, "sessions": c.span_sessions((a, b)),
-                 "state": "draining" if slot.draining else "serving", "throughput": slot.throughput}
+                 "state": "draining" if slot.draining else "serving", "throughput": slot.throughput,
+                 "device": self.device_name, "dtype": self.dtype_name}
                 for (a, b), slot in sorted(c.spans.items())]
 
     def info(self) -> dict[str, Any]:
@@ -382,6 +387,7 @@ class BlockServer:
             "model": self.model_hash,
             "span": [self.start, self.end],
             "dtype": self.dtype_name,
+            "device": self.device_name,
             "hidden_size": self.hidden_size,
             "limits": {**asdict(self.limits), "max_tokens_per_request": self.max_tokens, "max_session_length": self.max_length},
             "sessions": len(self.sessions),
@@ -783,9 +789,11 @@ class BlockServer:
             return 0.0
         try:
             x = torch.stack([it.tensor(self._dtype) for it in live])
+            if self._device.type != "cpu":
+                x = x.to(self._device)
             with torch.inference_mode():
-                out = block(x, [it.session.cache for it in live]).contiguous()
-            raw = out.view(torch.uint8).numpy()
+                out = block(x, [it.session.cache for it in live])
+            raw = out.cpu().contiguous().view(torch.uint8).numpy()
             for i, it in enumerate(live):
                 it.result = raw[i].tobytes()
                 it.batch = len(live)
@@ -828,16 +836,60 @@ def parse_blocks(text: str | None, num_layers: int) -> tuple[int, int]:
     return start, end
 
 
+SERVE_DTYPES = ("auto", *DTYPES)
+
+
+def serving_device(choice: str = "auto", *, here: bool = True) -> str:
+    """``peer start --serve-device``: where a peer's spans live. ``auto`` is
+    the first CUDA device torch sees, else the CPU; ``cuda`` and ``cuda:N``
+    must name a device torch sees here. ``here=False`` (the spans live on
+    another machine, a Ray node) checks the spelling only."""
+    if choice == "auto" and here:
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if choice in ("cpu", "auto"):
+        return choice
+    kind, _, index = choice.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise InputError(f"--serve-device {choice!r} is not a device", "use auto, cpu, cuda or cuda:N")
+    if not here:
+        return choice
+    if not torch.cuda.is_available():
+        raise InputError(f"--serve-device {choice}: torch sees no CUDA device here",
+                         "use --serve-device cpu, or install a CUDA build of torch")
+    n = int(index or 0)
+    if n >= torch.cuda.device_count():
+        raise InputError(f"--serve-device {choice}: torch sees {torch.cuda.device_count()} CUDA device(s)",
+                         f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return f"cuda:{n}"
+
+
+def serving_dtype(choice: str, device: str) -> str | None:
+    """``peer start --serve-dtype``: the spans' weights and activations.
+    ``auto`` is bfloat16 on a GPU that computes in it (float16 on an older
+    one) and the checkpoint's own dtype on the CPU (None)."""
+    if choice != "auto":
+        if choice not in DTYPES:
+            raise InputError(f"--serve-dtype {choice!r} is not a dtype", f"use one of {', '.join(SERVE_DTYPES)}")
+        return choice
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return None
+
+
 def measure_throughput(span: LlamaBlockSpan, *, steps: int = 5) -> float:
     """Single-session decode tokens/s through ``span`` (median of ``steps``)."""
     cache = span.new_cache(steps + 2)
     x = torch.zeros(1, 1, span.config.hidden_size, dtype=span.dtype, device=span.device)
     times = []
+    # a GPU runs the step after the call returns: wait for it, or this times the kernel launches
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         span(x, cache)  # warm-up
+        sync()
         for _ in range(steps):
             t0 = time.perf_counter()
             span(x, cache)
+            sync()
             times.append(time.perf_counter() - t0)
     tps = 1.0 / max(statistics.median(times), 1e-6)
     return float(f"{tps:.3g}")
@@ -1035,6 +1087,7 @@ async def start_block_server(
         nursery.start_soon(keep_level, server)
     desc = {"model": mhash, "dir": str(d), "blocks": [start, end], "throughput": thr, "load_s": round(load_s, 3),
             "protocol": PROTOCOL, "placement": "auto" if placing else "fixed",
-            "where": "ray" if load_span is not None else "local"}
+            "where": "ray" if load_span is not None else "local", "device": server.device_name,
+            "dtype": server.dtype_name}
     log.info("serving blocks", extra={"fields": desc})
     return server if return_server else desc

@@ -60,6 +60,12 @@ CASES = [
     ("torch-threads-zero", "start --torch-threads 0", 2, r"--torch-threads: 0 is out of range", []),
     ("trust-bad-peer", "start --trust-federation xyz", 2, r"not an Ed25519 libp2p peer id", []),
     ("blocks-bad", "start --data-dir {tmp}/db --blocks 3:1", 2, r"not a block span", []),
+    ("blocks-without-model", "start --data-dir {tmp}/dbm --blocks 0:2 --serve-dtype bfloat16", 2,
+     r"--blocks, --serve-dtype without --serve-model", []),
+    ("serve-device-bad", "start --data-dir {tmp}/dsb --serve-model tiny-llama --serve-device tpu", 2,
+     r"--serve-device 'tpu' is not a device \(use auto, cpu, cuda or cuda:N\)", []),
+    ("serve-dtype-bad", "start --serve-model tiny-llama --serve-dtype int8", 2,
+     r"--serve-dtype: invalid choice: 'int8'", []),
     ("membership-missing", "start --data-dir {tmp}/dm --membership {tmp}/none.cert", 2, r"cannot read --membership", []),
     ("profile-missing", "start --data-dir {tmp}/dp --profile {tmp}/none.toml", 2, r"no such profile file", []),
     ("profile-bad-toml", "start --data-dir {tmp}/dq --profile {badtoml}", 2, r"invalid TOML", []),
@@ -120,6 +126,15 @@ def test_a_profile_claiming_cuda_is_refused_without_the_devices(ctx: dict[str, s
         pytest.skip("this machine has the 8 CUDA devices the profile claims")
     p = run(PEER + ["start", "--data-dir", f"{ctx['tmp']}/dcuda", "--profile", str(REPO / "peers" / "datacenter-a100.toml")])
     error_line(p, 2, r"claims 8 cuda devices, this machine has \d+ \(.*--simulate-devices")
+
+
+def test_a_serve_device_torch_cannot_see_is_refused(ctx: dict[str, str]) -> None:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    p = run(PEER + ["start", "--data-dir", f"{ctx['tmp']}/dsc", "--serve-model", "tiny-llama",
+                    "--serve-device", f"cuda:{n}"])
+    error_line(p, 2, r"--serve-device cuda:\d+: torch sees (no CUDA device here|\d+ CUDA device)")
 
 
 def test_netsim_out_is_checked_before_simulating(ctx: dict[str, str]) -> None:

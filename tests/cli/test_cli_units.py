@@ -83,3 +83,25 @@ def test_key_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no key file"):
         load_key(tmp_path / "none.key")
     assert not (tmp_path / "none.key").exists()
+
+
+def test_serve_device_and_dtype_resolve_auto_and_check_what_is_named() -> None:
+    import torch
+
+    from fedswarm.llm_serving import serving_device, serving_dtype
+
+    gpu = torch.cuda.is_available()
+    assert serving_device("auto") == ("cuda:0" if gpu else "cpu")
+    assert serving_device("cpu") == "cpu"
+    assert serving_dtype("auto", "cpu") is None  # the checkpoint's own
+    assert serving_dtype("float16", "cpu") == "float16"
+    if gpu:
+        assert serving_dtype("auto", "cuda:0") in ("bfloat16", "float16")
+    # a Ray node's device is not this machine's: the spelling is all that is checked
+    assert serving_device("cuda:3", here=False) == "cuda:3"
+    assert serving_device("auto", here=False) == "auto"
+    for bad in ("tpu", "cuda:x", "cuda:-1", ""):
+        with pytest.raises(InputError, match="is not a device"):
+            serving_device(bad, here=False)
+    with pytest.raises(InputError, match="is not a dtype"):
+        serving_dtype("int8", "cpu")

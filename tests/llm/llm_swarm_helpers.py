@@ -41,13 +41,15 @@ class MemSwarm:
 
 @asynccontextmanager
 async def memory_swarm(model_dir: Any, blocks: list[str], *, limits: ServerLimits | None = None,
-                       forwarding: bool = False, libp2p: bool = False, **llm_kw: Any) -> AsyncIterator[MemSwarm]:
+                       forwarding: bool = False, libp2p: bool = False, dtype: str | None = None,
+                       **llm_kw: Any) -> AsyncIterator[MemSwarm]:
     """Peers serving ``blocks`` (e.g. ["0:2", "2:4"]) and a client, in one trio run.
 
     ``forwarding``: the peers pass forwarded steps on from their nursery (as
     ``peer start`` does) and the client's ``SwarmLLM`` has its key (forwarding on).
     ``libp2p``: real py-libp2p transports on 127.0.0.1, with direct lanes,
-    instead of the in-memory network (``net`` is then None)."""
+    instead of the in-memory network (``net`` is then None). ``dtype``: the
+    peers' (``peer start --serve-dtype``; None: the checkpoint's)."""
     net = MemoryNetwork()
     ids = [ident(i) for i in range(len(blocks))]
     servers = []
@@ -65,7 +67,7 @@ async def memory_swarm(model_dir: Any, blocks: list[str], *, limits: ServerLimit
         for i, (idn, b) in enumerate(zip(ids, blocks)):
             t = await transport(idn)
             core = PeerCore(idn, PeerConfig(bootstrap=(ids[0].peer_id,)), random.Random(i))
-            servers.append(await start_block_server(t, core, model_dir, b, limits=limits, return_server=True,
+            servers.append(await start_block_server(t, core, model_dir, b, limits=limits, dtype=dtype, return_server=True,
                                                     nursery=nursery if forwarding else None))
             await nursery.start(Agent(core, t).run)
         cid = ident(1000)

@@ -99,3 +99,29 @@ def test_kill_chain_peer_process_mid_generation(tmp_path, tiny_dir):
         assert res.route[1]["peer"] not in killed
     finally:
         swarm.close()
+
+
+def test_peers_serve_in_the_dtype_asked_for(tmp_path, gqa_dir):
+    """``peer start --serve-dtype bfloat16``: both peers compute in bfloat16
+    (``/status`` says so, with the device), and ``peer generate`` through them
+    gives the tokens of the same bf16 spans run in one process, which are not
+    the float32 model's."""
+    prompt, n_new, eos = ByteTokenizer().encode(PROMPT), 24, ByteTokenizer.eos_id
+    head = load_client_head(gqa_dir)
+    ref = generate_greedy(head, [load_block_span(gqa_dir, 0, 2, dtype="bfloat16"),
+                                 load_block_span(gqa_dir, 2, 4, dtype="bfloat16")], prompt, n_new, eos_id=eos)
+    assert len(ref) > 8 and ref != generate_greedy(head, [load_block_span(gqa_dir, 0, 4)], prompt, n_new, eos_id=eos)
+    swarm = LocalSwarm(2, tmp_path / "swarm", extra_args=["--serve-dtype", "bfloat16", "--serve-device", "cpu"])
+    try:
+        start(swarm, gqa_dir, ["0:2", "2:4"])
+        assert [(sp["start"], sp["end"], sp["device"], sp["dtype"]) for p in swarm.peers
+                for sp in p.status()["spans"]] == [(0, 2, "cpu", "bfloat16"), (2, 4, "cpu", "bfloat16")]
+        out = tmp_path / "gen.json"
+        r = subprocess.run(
+            [sys.executable, "-m", "fedswarm.cli", "generate", "--bootstrap", swarm.bootstrap, "--model", str(gqa_dir),
+             "--prompt", PROMPT, "--max-new-tokens", str(n_new), "--greedy", "--out", str(out)],
+            capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads(out.read_text())["token_ids"] == ref
+    finally:
+        swarm.close()

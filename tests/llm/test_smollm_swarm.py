@@ -46,3 +46,25 @@ def test_swarm_greedy_equals_transformers_on_gguf(which, paths):
         assert toks == ref, (blocks, tok.decode(toks), tok.decode(ref))
     if which == "smollm":
         assert tok.decode(ref).strip()  # readable text, not ids
+
+
+def test_bf16_peers_decode_as_transformers_bf16(paths):
+    """Two peers serving SmolLM2's halves in bfloat16 (``--serve-dtype
+    bfloat16``, what ``auto`` picks on a GPU) give the greedy tokens of
+    transformers' model loaded in bfloat16 from the same GGUF. The prompt is
+    one where bfloat16 and float32 part at the first new token, so a peer that
+    computed in float32 would fail it."""
+    path = paths["smollm"]
+    tok = load_tokenizer(path)
+    chat = [{"role": "user", "content": "List three prime numbers and explain why."}]
+    prompt = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
+    ref = hf_greedy(str(path), tuple(prompt), N_NEW, "bfloat16")
+    assert ref[0] != hf_greedy(str(path), tuple(prompt), N_NEW)[0]
+
+    async def main():
+        async with memory_swarm(path, ["0:15", "15:30"], dtype="bfloat16") as s:
+            assert [sv.dtype_name for sv in s.servers] == ["bfloat16", "bfloat16"]
+            return (await s.llm.generate(prompt, N_NEW, greedy=True)).token_ids
+
+    toks = trio.run(main)
+    assert toks == ref, (tok.decode(toks), tok.decode(ref))

@@ -522,6 +522,7 @@ def test_peer_start_engine_ray_serves_its_span_from_a_ray_actor(cluster, tiny_di
             assert [h["blocks"] for h in got["route"]] == [[0, 2], [2, 4]]
             assert got["route"][0]["peer"] == ray_peer.peer_id
             spans = ray_peer.status()["spans"]
-            assert [(s["start"], s["end"]) for s in spans] == [(0, 2)]
+            # where the actor computes (a CPU-only cluster: --serve-device auto is its CPU), in the checkpoint's dtype
+            assert [(s["start"], s["end"], s["device"], s["dtype"]) for s in spans] == [(0, 2, "cpu", "float32")]
         finally:
             assert ray_peer.terminate() == 0

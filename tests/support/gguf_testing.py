@@ -11,8 +11,8 @@
 * ``hf_*``: transformers' references, computed once per process
   (``lru_cache``), because loading transformers' GGUF model is slow.
   :func:`hf_greedy`'s tokens are also kept in ``oracle_tokens.json`` beside
-  this file, keyed by the GGUF file's SHA-256, the prompt, the count and
-  the transformers and torch versions: loading SmolLM2 into transformers
+  this file, keyed by the GGUF file's SHA-256, the prompt, the count,
+  the transformers and torch versions and a dtype other than float32: loading SmolLM2 into transformers
   takes about 20 s of the suite. Any other file, prompt or version runs
   transformers; ``FEDSWARM_ORACLE_WRITE=1`` records what it answered.
 """
@@ -198,35 +198,37 @@ def hf_tokenizer(path: str) -> Any:
 
 
 @lru_cache(maxsize=None)
-def hf_model(path: str) -> Any:
+def hf_model(path: str, dtype: str = "float32") -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as tlog
 
     tlog.disable_progress_bar()
     p = Path(path)
-    return AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=getattr(torch, dtype)).eval()
 
 
 ORACLE_FILE = Path(__file__).with_name("oracle_tokens.json")
 
 
-def _oracle_key(path: str, prompt: tuple[int, ...], n: int) -> str:
+def _oracle_key(path: str, prompt: tuple[int, ...], n: int, dtype: str = "float32") -> str:
     import transformers
 
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    return json.dumps([digest, list(prompt), n, transformers.__version__, torch.__version__])
+    key = [digest, list(prompt), n, transformers.__version__, torch.__version__]
+    return json.dumps(key if dtype == "float32" else key + [dtype])
 
 
 @lru_cache(maxsize=None)
-def hf_greedy(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
-    """transformers' greedy continuation of ``prompt`` for the GGUF at ``path``
-    (see the module's docstring for the recorded answers)."""
-    key = _oracle_key(path, prompt, n)
+def hf_greedy(path: str, prompt: tuple[int, ...], n: int, dtype: str = "float32") -> list[int]:
+    """transformers' greedy continuation of ``prompt`` for the GGUF at ``path``,
+    the model loaded in ``dtype`` (see the module's docstring for the recorded
+    answers)."""
+    key = _oracle_key(path, prompt, n, dtype)
     known = json.loads(ORACLE_FILE.read_text()) if ORACLE_FILE.exists() else {}
     if key in known:
         return list(known[key])
-    toks = _hf_greedy(path, prompt, n)
+    toks = _hf_greedy(path, prompt, n, dtype)
     if os.environ.get("FEDSWARM_ORACLE_WRITE") == "1":
         known[key] = toks
         ORACLE_FILE.write_text("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(known.items()))
@@ -234,10 +236,10 @@ def hf_greedy(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
     return toks
 
 
-def _hf_greedy(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
+def _hf_greedy(path: str, prompt: tuple[int, ...], n: int, dtype: str = "float32") -> list[int]:
     """transformers' greedy continuation with its KV cache (argmax each step,
     no early stop at EOS, so exactly ``n`` tokens)."""
-    m = hf_model(path)
+    m = hf_model(path, dtype)
     out_ids: list[int] = []
     with torch.no_grad():
         out = m(torch.tensor([list(prompt)]), use_cache=True)

@@ -27,7 +27,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,6 +62,12 @@ class PeerOptions:
     grace_s: float = 10.0
     serve_model: str | None = None
     blocks: str | None = None
+    #: where the served spans compute: "auto" (the first CUDA device, else the
+    #: CPU), "cpu", "cuda" or "cuda:N"
+    serve_device: str = "auto"
+    #: the spans' dtype: "auto" (bfloat16 on a GPU, the checkpoint's own on
+    #: the CPU), "float32", "bfloat16" or "float16"
+    serve_dtype: str = "auto"
     torch_threads: int | None = None
     membership: str | None = None
     federations: list[str] = field(default_factory=list)
@@ -309,9 +315,26 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
         from ..net.http import check_port
 
         check_port(opts.metrics_port, "--metrics-port")
-    if opts.serve_model:
-        check_serve_model(opts.serve_model)
     check_blocks(opts.blocks)
+    serve_device = serve_dtype = None
+    if not opts.serve_model:
+        given = [flag for flag, v in (("--blocks", opts.blocks), ("--serve-device", opts.serve_device != "auto"),
+                                      ("--serve-dtype", opts.serve_dtype != "auto")) if v]
+        if given:
+            raise InputError(f"{', '.join(given)} without --serve-model: this peer serves no model",
+                             "add --serve-model MODEL, or drop " + ", ".join(given))
+    else:
+        check_serve_model(opts.serve_model)
+        from ..llm_serving import serving_device, serving_dtype
+
+        # a Ray engine's spans live in actors on the cluster's nodes: a device
+        # named is checked by its spelling, "auto" is decided once the cluster
+        # is known (below)
+        ray = opts.engine == "ray"
+        serve_device = serving_device(opts.serve_device, here=not ray)
+        serve_dtype = serving_dtype(opts.serve_dtype, "cpu" if ray else serve_device)
+        if serve_device == "auto":
+            serve_device = None
     if opts.engine == "ray":  # Ray installed, reserve well-formed: before anything is created
         from ..runtime.ray_engine import import_ray, parse_reserve
 
@@ -341,6 +364,11 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
             from ..runtime.ray_engine import connect_cluster
 
             ray_cluster = await connect_cluster(opts.ray_address, opts.ray_reserve, profile=profile)
+            if serve_device is None:  # --serve-device auto: a GPU of the cluster when it has one (with
+                # --serve-dtype auto in the checkpoint's dtype: which GPU the actor gets is not known here)
+                serve_device = "cuda" if ray_cluster.slot_resource == "GPU" else "cpu"
+        if opts.serve_model:  # what the span loads with: a device, and a dtype or "auto" (the checkpoint's)
+            opts = replace(opts, serve_device=serve_device or "cpu", serve_dtype=serve_dtype or "auto")
         _event("data dir", path=str(data_dir), profile=where)
         print(f"fedswarm data dir {data_dir}; {where}", file=sys.stderr, flush=True)
         if ray_cluster is not None:
@@ -420,6 +448,8 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
 
                         load_span = span_loader(ray_cluster)
                     serving = await start_block_server(transport, core, opts.serve_model, opts.blocks,
+                                                       device=opts.serve_device,
+                                                       dtype=None if opts.serve_dtype == "auto" else opts.serve_dtype,
                                                        return_server=True, nursery=nursery, now=agent.now,
                                                        load_span=load_span,
                                                        # the span core's clock level reaches the device through

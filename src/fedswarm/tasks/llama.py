@@ -634,7 +634,10 @@ def generate(
     _check_spans(head, spans)
     if max_new_tokens < 0:
         raise ValueError("max_new_tokens must be >= 0")
-    dev = head.embed_tokens.weight.device
+    dev, hdt = head.embed_tokens.weight.device, head.embed_tokens.weight.dtype
+    # each span computes in its own dtype, the head in its own, as across peers
+    # (a server casts what it receives, the client what comes back)
+    where = [(s.device, s.dtype) for s in spans]
     outs: list[list[int]] = [[] for _ in prompts]
     if max_new_tokens == 0:
         return outs
@@ -653,9 +656,9 @@ def generate(
         total = len(p) + max_new_tokens
         cs = [s.new_cache(total) for s in spans]
         h = head.embed(torch.tensor([list(p)], dtype=torch.long, device=dev))
-        for s, c in zip(spans, cs):
-            h = s(h.to(s.device), c)
-        tok = pick(head.logits(h.to(dev)[:, -1]))[0]
+        for s, c, w in zip(spans, cs, where):
+            h = s(h.to(*w), c)
+        tok = pick(head.logits(h.to(dev, hdt)[:, -1]))[0]
         outs[idx].append(tok)
         caches.append(cs)
         if not (eos_id is not None and tok == eos_id):
@@ -667,9 +670,9 @@ def generate(
             break
         ids = torch.tensor([[outs[i][-1]] for i in active], dtype=torch.long, device=dev)
         h = head.embed(ids)
-        for j, s in enumerate(spans):
-            h = s(h.to(s.device), [caches[i][j] for i in active])
-        toks = pick(head.logits(h.to(dev))[:, -1])
+        for j, (s, w) in enumerate(zip(spans, where)):
+            h = s(h.to(*w), [caches[i][j] for i in active])
+        toks = pick(head.logits(h.to(dev, hdt))[:, -1])
         still = []
         for i, tok in zip(active, toks):
             outs[i].append(tok)
