@@ -118,6 +118,8 @@ def serve(model_dir: str, blocks: str, next_port: int, max_len: int, threaded: b
             kind, t, payload = _recv(up)
         except EOFError:
             jobs.put(None)
+            if th is not None:
+                th.join()  # leaving with the worker inside torch aborts the process
             return
         if kind == _NEW:  # the previous step has been answered: the worker is idle
             cache = span.new_cache(max_len)
