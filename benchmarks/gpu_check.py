@@ -85,7 +85,7 @@ def check_nvml() -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {"skipped": "torch sees no CUDA device"}
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return {"skipped": "pynvml is not installed (pip install nvidia-ml-py)"}
     from fedswarm.runtime.executor import ShardExecutor

@@ -96,7 +96,7 @@ def _torch_accelerators() -> list[Accelerator]:
 def _nvml_limits() -> tuple[str, list[tuple[float | None, float | None]]]:
     """Per-GPU (enforced limit W, default limit W), and where they came from."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         pynvml = None
     if pynvml is not None:

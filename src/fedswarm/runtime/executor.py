@@ -189,7 +189,7 @@ class ShardExecutor:
 
     def _init_nvml(self) -> Any:
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             try:

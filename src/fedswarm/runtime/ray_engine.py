@@ -209,7 +209,7 @@ def _nvml_handles(gpu_ids: list[int]) -> list[Any]:
     if not gpu_ids:
         return []
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in gpu_ids]
@@ -222,7 +222,7 @@ def _nvml_energy(handles: list[Any]) -> float | None:
     if not handles:
         return None
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         return float(sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles))
     except Exception:
@@ -233,7 +233,7 @@ def probe_node_gpus() -> list[dict]:
     """On one Ray node: each GPU's name, memory and power from NVML ([] if
     NVML is not there). Runs as a zero-resource Ray task pinned to the node."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
     except Exception:
