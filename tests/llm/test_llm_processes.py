@@ -116,6 +116,9 @@ def test_peers_serve_in_the_dtype_asked_for(tmp_path, gqa_dir):
         start(swarm, gqa_dir, ["0:2", "2:4"])
         assert [(sp["start"], sp["end"], sp["device"], sp["dtype"]) for p in swarm.peers
                 for sp in p.status()["spans"]] == [(0, 2, "cpu", "bfloat16"), (2, 4, "cpu", "bfloat16")]
+        # and a person starting it reads where its blocks compute
+        assert "fedswarm serving blocks 0:2 of" in (swarm.peers[0].data_dir / "peer.log").read_text()
+        assert "on cpu, bfloat16" in (swarm.peers[0].data_dir / "peer.log").read_text()
         out = tmp_path / "gen.json"
         r = subprocess.run(
             [sys.executable, "-m", "fedswarm.cli", "generate", "--bootstrap", swarm.bootstrap, "--model", str(gqa_dir),

@@ -455,6 +455,8 @@ async def _serve(opts: PeerOptions, identity: Identity, profile: Any, membership
                                                        # the span core's clock level reaches the device through
                                                        # the runner (a Ray span's clocks are the cluster's)
                                                        on_level=getattr(runner, "set_span_level", None))
+                    print(f"fedswarm serving blocks {serving.start}:{serving.end} of {opts.serve_model} on "
+                          f"{serving.device_name}, {serving.dtype_name}", file=sys.stderr, flush=True)
                 if opts.metrics_port is not None:
                     port = await nursery.start(_serve_metrics, opts.metrics_port, agent, opts.http_host, serving)
                     url = f"http://{_url_host(opts.http_host)}:{port}"
