@@ -105,3 +105,9 @@ def test_serve_device_and_dtype_resolve_auto_and_check_what_is_named() -> None:
             serving_device(bad, here=False)
     with pytest.raises(InputError, match="is not a dtype"):
         serving_dtype("int8", "cpu")
+    # the CLI spells the choices out (it imports no torch before its checks): the same ones
+    from fedswarm.cli import build_parser
+    from fedswarm.llm_serving import SERVE_DTYPES
+
+    start = build_parser()._subparsers._group_actions[0].choices["start"]
+    assert tuple(next(a for a in start._actions if a.dest == "serve_dtype").choices) == SERVE_DTYPES

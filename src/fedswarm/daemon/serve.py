@@ -316,7 +316,6 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
 
         check_port(opts.metrics_port, "--metrics-port")
     check_blocks(opts.blocks)
-    serve_device = serve_dtype = None
     if not opts.serve_model:
         given = [flag for flag, v in (("--blocks", opts.blocks), ("--serve-device", opts.serve_device != "auto"),
                                       ("--serve-dtype", opts.serve_dtype != "auto")) if v]
@@ -328,13 +327,11 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
         from ..llm_serving import serving_device, serving_dtype
 
         # a Ray engine's spans live in actors on the cluster's nodes: a device
-        # named is checked by its spelling, "auto" is decided once the cluster
-        # is known (below)
+        # named is checked by its spelling, "auto" stays until the cluster is
+        # known (below); a dtype of None is the checkpoint's own
         ray = opts.engine == "ray"
         serve_device = serving_device(opts.serve_device, here=not ray)
         serve_dtype = serving_dtype(opts.serve_dtype, "cpu" if ray else serve_device)
-        if serve_device == "auto":
-            serve_device = None
     if opts.engine == "ray":  # Ray installed, reserve well-formed: before anything is created
         from ..runtime.ray_engine import import_ray, parse_reserve
 
@@ -364,11 +361,11 @@ async def serve_peer(opts: PeerOptions, *, task_status: Any = trio.TASK_STATUS_I
             from ..runtime.ray_engine import connect_cluster
 
             ray_cluster = await connect_cluster(opts.ray_address, opts.ray_reserve, profile=profile)
-            if serve_device is None:  # --serve-device auto: a GPU of the cluster when it has one (with
+            if opts.serve_model and serve_device == "auto":  # a GPU of the cluster when it has one (with
                 # --serve-dtype auto in the checkpoint's dtype: which GPU the actor gets is not known here)
                 serve_device = "cuda" if ray_cluster.slot_resource == "GPU" else "cpu"
         if opts.serve_model:  # what the span loads with: a device, and a dtype or "auto" (the checkpoint's)
-            opts = replace(opts, serve_device=serve_device or "cpu", serve_dtype=serve_dtype or "auto")
+            opts = replace(opts, serve_device=serve_device, serve_dtype=serve_dtype or "auto")
         _event("data dir", path=str(data_dir), profile=where)
         print(f"fedswarm data dir {data_dir}; {where}", file=sys.stderr, flush=True)
         if ray_cluster is not None:
