@@ -235,6 +235,8 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=32, help="tokens to decode in check 3")
     ap.add_argument("--json", help="write every figure here too")
     a = ap.parse_args()
+    if a.new < 2:
+        ap.error(f"--new {a.new}: decode at least 2 tokens")
     results: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
     with tempfile.TemporaryDirectory(prefix="fedswarm-gpu-check-") as tmp:
         for name, fn in (("executor", check_executor), ("nvml", check_nvml),
