@@ -187,11 +187,8 @@ def _agreement(m: Any, prompt: list[int], got: list[int], device: str) -> dict[s
     return {"argmax_agrees": sum(a == b for a, b in zip(best, got)), "of": len(got), "max_logit_gap": round(max(gaps), 4)}
 
 
-def _prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def check_decode(model: str, n_new: int, work: Path) -> dict[str, Any]:
+    from fedswarm.llm_client import common_prefix
     from fedswarm.tasks.checkpoint import load_block_span, load_client_head, load_config, resolve_model
     from fedswarm.tasks.llama import generate_greedy
     from fedswarm.testing.localswarm import LocalSwarm
@@ -222,7 +219,7 @@ def check_decode(model: str, n_new: int, work: Path) -> dict[str, Any]:
                 "one_process_same_tokens": one == got, "device": device})
     for name, m in _hf_models(path, device).items():
         ref, tps = _hf_greedy(m, prompt, len(got), device)
-        out[f"transformers_{name}"] = {"common_prefix": _prefix(got, ref), "tok_s": round(tps, 2),
+        out[f"transformers_{name}"] = {"common_prefix": common_prefix(got, ref), "tok_s": round(tps, 2),
                                        **_agreement(m, prompt, got, device)}
     out["ok"] = out["one_process_same_tokens"] and all(s["device"] == ("cuda:0" if device != "cpu" else "cpu")
                                                        and s["dtype"] == "bfloat16" for s in out["served"])
