@@ -29,6 +29,7 @@ from fedswarm.core.wire import (
     LeaseRenewBatch,
     PeerState,
     PowerInfo,
+    ShardCheckpoint,
     ShardResult,
     Span,
     VerifyCache,
@@ -84,10 +85,14 @@ shard_ids = st.lists(st.integers(0, 1000), min_size=1, max_size=10).map(tuple)
 messages = st.one_of(
     peer_states,
     job_specs,
-    st.builds(CallForBids, st.binary(max_size=100), shard_ids, small),
+    st.builds(CallForBids, st.binary(max_size=100), shard_ids, small, st.just(1.0) | st.floats(0.001, 1.0)),
     st.builds(Bid, names, small, shard_ids, pos, pos, st.integers(1, 8), st.floats(0.01, 1), pos, pos, st.just("volunteer"),
               st.lists(st.floats(0, 1e6), max_size=16).map(lambda xs: tuple(sorted(xs)))),
     st.builds(Award, st.binary(max_size=100), names, small, small, st.floats(0.01, 100), st.floats(0.01, 1)),
+    # a resumed run: the share left and the checkpoint it goes on from
+    st.builds(Award, st.binary(max_size=100), names, small, small, st.floats(0.01, 100), st.floats(0.01, 1),
+              st.floats(0.001, 0.999), st.binary(min_size=1, max_size=100)),
+    st.builds(ShardCheckpoint, names, small, small, st.floats(0.001, 0.999), st.binary(min_size=1, max_size=100)),
     st.builds(LeaseAck, names, small, small, st.booleans(), pos),
     st.builds(ShardResult, names, small, small, st.booleans(), st.binary(max_size=100), st.text(max_size=20), pos, pos, pos),
     st.builds(Cancel, names, st.lists(small, max_size=5).map(tuple)),
@@ -216,6 +221,38 @@ def test_older_peers_bodies_still_decode() -> None:
         Bid.from_body(bid.to_body()[:10] + [[9.0, 3.0]])  # further waits must ascend
     with pytest.raises(RemoteProtocolError):
         Bid.from_body(bid.to_body()[:10] + [[1.0] * 17])  # at most MAX_BID_NEXT
+
+
+def test_a_fresh_call_and_award_are_the_bytes_older_clients_sent() -> None:
+    # CallForBids.left and Award.left/resume came with checkpointed re-runs:
+    # left at their defaults they are not sent, so an older peer reads the
+    # message, and an older client's message decodes with the defaults
+    cfb = CallForBids(b"job", (0, 1), 7)
+    assert cfb.to_body() == [b"job", [0, 1], 7]
+    assert CallForBids.from_body([b"job", [0, 1], 7]) == cfb
+    assert CallForBids(b"job", (0,), 7, 0.25).to_body() == [b"job", [0], 7, 0.25]
+    award = Award(b"job", "p", 1, 0, 8.0, 1.0)
+    assert award.to_body() == [b"job", "p", 1, 0, 8.0, 1.0]
+    assert Award.from_body([b"job", "p", 1, 0, 8.0, 1.0]) == award
+    resumed = Award(b"job", "p", 1, 2, 8.0, 1.0, 0.4, b"state")
+    assert decode(encode(resumed, ALICE, issued_at=1.0, nonce=1)).msg == resumed
+
+
+def test_a_resumed_award_needs_its_state_and_a_checkpoint_is_progress() -> None:
+    for body in ([b"job", "p", 1, 2, 8.0, 1.0, 0.4, b""],  # work left, nothing to go on from
+                 [b"job", "p", 1, 2, 8.0, 1.0, 1.0, b"state"],  # a state, yet all the work left
+                 [b"job", "p", 1, 2, 8.0, 1.0, 0.0, b"state"]):  # nothing left is no run
+        with pytest.raises(RemoteProtocolError):
+            Award.from_body(body)
+        with pytest.raises(LocalProtocolError):  # nor may a client send one
+            encode(Award(*body), ALICE, issued_at=1.0, nonce=1)
+    with pytest.raises(RemoteProtocolError):
+        CallForBids.from_body([b"job", [0], 7, 0.0])
+    ok = ShardCheckpoint("j", 0, 1, 0.5, b"s")
+    assert ShardCheckpoint.from_body(ok.to_body()) == ok
+    for done, state in ((0.0, b"s"), (1.0, b"s"), (0.5, b""), (0.5, b"x" * (1024 * 1024 + 1))):
+        with pytest.raises(RemoteProtocolError):
+            ShardCheckpoint.from_body(["j", 0, 1, done, state])
 
 
 def test_oversize_unknown_kind_and_version() -> None:
@@ -374,7 +411,13 @@ def test_msgspec_encodes_the_bytes_msgpack_packb_gives(msg, issued_at, nonce) ->
     raw = encode(msg, ALICE, issued_at=issued_at, nonce=nonce, check=False)
     sig, payload = msgpack.unpackb(raw)
     assert raw == msgpack.packb([sig, payload], use_bin_type=True)
-    want = msgpack.packb([1, msg.KIND, ALICE.peer_id, float(issued_at), nonce, _plain(msg), {}], use_bin_type=True)
+    body = _plain(msg)
+    if msg.OMIT_DEFAULT_TAIL:  # trailing fields at their defaults are left out, as older senders had none
+        defaults = [_plain(d) for d in msg.__struct_defaults__]
+        first = len(body) - len(defaults)
+        while len(body) > first and body[-1] == defaults[len(body) - 1 - first]:
+            body.pop()
+    want = msgpack.packb([1, msg.KIND, ALICE.peer_id, float(issued_at), nonce, body, {}], use_bin_type=True)
     assert payload == want
 
 

@@ -23,6 +23,16 @@ the lease alive for ``lease_s`` after each renewal. A lapsed lease, a decline
 or a failed result reopens the shard with the next attempt number; a shard
 that failed ``max_attempts`` times fails the job.
 
+Checkpoints: a running shard's peer may send ``ShardCheckpoint``s (its
+task saved its progress). The client keeps the latest of the current
+attempt (from a trusted peer, or any peer with ``verify = "none"``; see
+``ClientConfig.resume``), and the next attempt, should the shard reopen,
+goes on from it: its call for bids says how much of the work is left
+(``CallForBids.left``, which the bids price) and its award carries the
+state (``Award.resume``). Shards that resume are auctioned in rounds of
+their own, one share of work left per round. A failed result forgets the
+checkpoint (the run may have failed on it).
+
 Invitations go to the peers with the earliest estimated finish in the
 client's view (``Forecaster.eta``, plus twice the transit: the call and its bid,
 the award and its result), a share of them
@@ -119,6 +129,7 @@ from .wire import (
     LeaseRenewBatch,
     PeerState,
     ResultAck,
+    ShardCheckpoint,
     ShardResult,
     Signed,
     VerifyCache,
@@ -172,6 +183,10 @@ class _Shard:
     exclude: set[str] = field(default_factory=set)
     award: Award | None = None  # the current attempt's award, until a renewal confirms it
     resend_s: float = 0.0  # how long that award may go unconfirmed before it is sent again
+    # the last checkpoint taken (``ShardCheckpoint``): the next attempt goes
+    # on from ``resume`` with ``left`` of the work to do (1, b"": from the start)
+    left: float = 1.0
+    resume: bytes = b""
 
 
 @dataclass(slots=True, init=False)
@@ -229,6 +244,7 @@ class _Job:
     asked: set[str] = field(default_factory=set)
     rebids: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    resumable: int = 0  # shards holding a checkpoint (``_Shard.resume``)
 
 
 class ClientCore(Node):
@@ -402,6 +418,9 @@ class ClientCore(Node):
                 return self._on_result(now, signed, msg)
             if isinstance(msg, AwardDecline):
                 return self._on_decline(now, signed, msg)
+            if isinstance(msg, ShardCheckpoint):
+                self._on_checkpoint(signed, msg)
+                return []
             if isinstance(msg, Accusation):
                 self._handle_accusation(now, signed, msg)
                 return []
@@ -690,6 +709,14 @@ class ClientCore(Node):
             self._backoff(job, now)
             self.stats["rounds_no_candidates"] += 1
             return out
+        if job.resumable:
+            # a round's shards share one share of work left (its bids price
+            # that): shards that resume from a checkpoint go one such group
+            # at a time, before the others
+            left = min(s.left for s in open_)
+            open_ = [s for s in open_ if s.left == left]
+        else:
+            left = 1.0
         excluded = max((len(s.exclude) for s in open_), default=0)
         # d probes per slot needed: a gang of g GPUs asks like g tasks would,
         # since few peers can host it and their queues differ widely
@@ -717,7 +744,7 @@ class ClientCore(Node):
             sh = job.shards[i]
             self._move(sh, "invite")
             sh.round = rid
-        cfb = CallForBids(job.raw, shards, rid)
+        cfb = CallForBids(job.raw, shards, rid, left)
         data = self._encode(cfb, now)
         for p in invited:  # encoded once for all, so not through _send: the same credit
             self.solicited.grant(p, replies_invited(cfb), now)
@@ -1035,7 +1062,9 @@ class ClientCore(Node):
                 heapq.heappush(self._straggle_heap, (late, job.spec.job_id, sh.index, sh.attempt))
             awarded_any = True
             self.stats["awards_sent"] += 1
-            award = Award(job.raw, peer, i, sh.attempt, self.config.lease_s, bid.level)
+            award = Award(job.raw, peer, i, sh.attempt, self.config.lease_s, bid.level, sh.left, sh.resume)
+            if sh.resume:
+                self.stats["awards_resumed"] += 1
             out.append(self._send(peer, award, now))
             sh.award = award
             if self.config.award_resend_s > 0:
@@ -1102,6 +1131,33 @@ class ClientCore(Node):
             return self._advance(now, job)
         return []
 
+    def _on_checkpoint(self, signed: Signed, msg: ShardCheckpoint) -> None:
+        """Keep the latest checkpoint of a shard's current attempt: should
+        its peer be lost, the next attempt goes on from there (``_advance``
+        and ``_close_round`` put it in the call for bids and the award)."""
+        found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)
+        if found is None:
+            raise RemoteProtocolError("unknown-lease", msg.job_id)
+        job, sh = found
+        cfg = self.config
+        if job.finished or sh.state != ShardState.AWARDED or sh.attempt != msg.attempt or msg.done <= 1.0 - sh.left:
+            self.stats["checkpoints_stale"] += 1  # a later attempt runs, or it is no further on
+            return
+        if not cfg.resume or (cfg.verify != "none" and not self.is_trusted(signed.author)):
+            self.stats["checkpoints_ignored"] += 1
+            return
+        if not sh.resume:
+            job.resumable += 1
+        sh.left = 1.0 - msg.done
+        sh.resume = msg.state
+        self.stats["checkpoints"] += 1
+
+    def _forget_checkpoint(self, job: _Job, sh: _Shard) -> None:
+        if sh.resume:
+            job.resumable -= 1
+        sh.left = 1.0
+        sh.resume = b""
+
     def _reopen(self, job: _Job, sh: _Shard) -> None:
         sh.live.discard(sh.attempt)
         self._move(sh, "reopen")
@@ -1125,6 +1181,8 @@ class ClientCore(Node):
             self.stats["results_failed"] += 1
             if current:
                 sh.failures += 1
+                # the run may have failed on the state it resumed from
+                self._forget_checkpoint(job, sh)
                 if sh.failures >= self.config.max_attempts:
                     out.extend(self._fail(now, job, sh, f"shard {sh.index} failed: {msg.error}"))
                     return out
@@ -1233,6 +1291,7 @@ class ClientCore(Node):
         self._move(sh, "result")
         sh.live.clear()
         sh.peer = peer
+        self._forget_checkpoint(job, sh)
         job.done += 1
         self.stats["shards_delivered"] += 1
         out: list[Effect] = [

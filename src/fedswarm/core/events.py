@@ -6,7 +6,7 @@ runtime over a real transport, or netsim's event loop). Nothing here does I/O.
 Every core satisfies ``core.contract.Core``.
 
 Inputs: from the network and the executor (``MessageReceived``,
-``ShardFinished``), from the operator (``Leave``, ``HandBackRunning``), from
+``ShardFinished``, ``ShardProgress``), from the operator (``Leave``, ``HandBackRunning``), from
 the executor's measurements (``SetThroughput``, ``SetPower``), from the LLM
 server (``SetSpans``), and from the tenant (``Submit``, ``CancelJob``). A core
 refuses an input it has no use for (``LocalProtocolError("bad-input")``).
@@ -32,6 +32,7 @@ __all__ = [
     "Input",
     "MessageReceived",
     "ShardFinished",
+    "ShardProgress",
     "Leave",
     "HandBackRunning",
     "SetThroughput",
@@ -104,6 +105,23 @@ class ShardFinished(Input):
     error: str = ""
     run_s: float = 0.0
     energy_j: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShardProgress(Input):
+    """The executor saved a running shard's progress (a checkpoint).
+
+    ``done``: the share of the whole shard's work behind it (0 < done < 1,
+    counting what an earlier attempt did before this run resumed);
+    ``state``: the task's encoding of that progress, from which a run on
+    another peer can go on (``RunShard.resume``)."""
+
+    tenant: str
+    job_id: str
+    shard: int
+    attempt: int
+    done: float
+    state: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +207,11 @@ class RunShard(Effect):
     ``work_s`` is the declared run time on ``gpus`` reference devices at full
     clock; ``level`` the relative clock chosen for it; ``run_s`` the time the
     core expects it to take here.
+
+    ``resume``: when not empty, an earlier attempt's checkpoint state; the
+    run goes on from it, with ``left`` of the shard's work still to do
+    (``run_s`` counts only that). A task that cannot resume runs the whole
+    shard. An executor that can save progress says so with ``ShardProgress``.
     """
 
     tenant: str
@@ -202,6 +225,8 @@ class RunShard(Effect):
     mem_bytes: int
     level: float
     run_s: float
+    left: float = 1.0
+    resume: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

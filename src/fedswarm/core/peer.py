@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A peer does four things, all driven by ``handle(now, input)`` and
+A peer does five things, all driven by ``handle(now, input)`` and
 ``poll(now)``, all returning effects:
 
 1. **Gossip.** Every ``gossip_interval_s`` it sends ``gossip_fanout`` peers
@@ -55,7 +55,12 @@ A peer does four things, all driven by ``handle(now, input)`` and
    (``ok=False``) or a ``Cancel`` from the tenant drops the shard
    (``CancelShard`` if it runs); a lease with no ack for ``lease_grace_s``
    is abandoned (its client is gone), which garbage-collects orphaned work.
-4. **Results.** ``ShardFinished`` from the executor becomes a
+4. **Checkpoints.** ``ShardProgress`` from the executor (a running
+   shard's task saved its progress) goes to the client as a
+   ``ShardCheckpoint``, at most one per ``checkpoint_min_s`` per shard. An
+   award with ``resume`` state runs only the work it says is left, from
+   that state (``RunShard.resume``).
+5. **Results.** ``ShardFinished`` from the executor becomes a
    ``ShardResult`` to the client, resent until a ``ResultAck`` (at most
    ``result_retries`` times): first after the client's retransmission
    timeout (its round trip as timed on renewals and result acks, plus four
@@ -100,6 +105,7 @@ from .events import (
     SetSpans,
     SetThroughput,
     ShardFinished,
+    ShardProgress,
 )
 from .fairness import alone_time, deadline_left, estimate_rho, priority, run_time
 from .identity import Identity
@@ -108,6 +114,7 @@ from .node import Node, forget_oldest, smooth_rtt
 from .slots import queue_starts, starts_after
 from .wire import (
     MAX_BID_NEXT,
+    MAX_CHECKPOINT_BYTES,
     Accusation,
     Award,
     AwardDecline,
@@ -124,6 +131,7 @@ from .wire import (
     PeerState,
     PowerInfo,
     ResultAck,
+    ShardCheckpoint,
     ShardResult,
     Signed,
     VerifyCache,
@@ -166,13 +174,17 @@ class _Lease:
     granted_s: float  # lease length the client last granted
     start_by: float  # when it was expected to start on acceptance
     renew_sent_at: float  # when the renewal its next ack answers went out (0: none out)
+    left: float  # the share of the shard's work this run does (below 1: it resumes)
+    resume: bytes  # the checkpoint it resumes from (b"": a fresh run)
+    checkpoint_at: float  # when its last checkpoint went to the client
+    checkpoint_done: float  # the share of the shard's work behind that checkpoint
 
     # (a written ``__init__``, not the dataclass's: compiled by mypyc, the
     # generated one runs as Python, about 5x slower, on a hot path)
     def __init__(self, key: LeaseKey, job: JobSpec, job_raw: bytes, level: float, run_s: float, energy_j: float,
                  accepted_at: float, last_ack_at: float, next_renew_at: float, state: str = LeaseState.QUEUED,
                  started_at: float = 0.0, granted_s: float = 0.0, start_by: float = math.inf,
-                 renew_sent_at: float = 0.0) -> None:
+                 renew_sent_at: float = 0.0, left: float = 1.0, resume: bytes = b"") -> None:
         self.key = key
         self.job = job
         self.job_raw = job_raw
@@ -187,6 +199,10 @@ class _Lease:
         self.granted_s = granted_s
         self.start_by = start_by
         self.renew_sent_at = renew_sent_at
+        self.left = left
+        self.resume = resume
+        self.checkpoint_at = -math.inf
+        self.checkpoint_done = 1.0 - left
 
     @property
     def tenant(self) -> str:
@@ -340,6 +356,8 @@ class PeerCore(Node):
             return self._on_message(now, inp)
         if isinstance(inp, ShardFinished):
             return self._on_finished(now, inp)
+        if isinstance(inp, ShardProgress):
+            return self._on_progress(now, inp)
         if isinstance(inp, (SetThroughput, SetPower, SetSpans)):
             self._on_setting(inp)
             return []
@@ -831,7 +849,7 @@ class PeerCore(Node):
             return []
         ctx = self._context(now)  # one scan of the view serves the wait and the price of time
         gpus = max(job.gpus, 1)
-        work = run_time(job, self.throughput)
+        work = run_time(job, self.throughput) * cfb.left
         # the waits of this shard and of further ones given here (this
         # round's others, or the client's other jobs' that our bid cannot
         # count): enough to cover the free slots and the round
@@ -899,7 +917,7 @@ class PeerCore(Node):
             if why == "late":
                 self.stats["awards_declined_late"] += 1
             return [self._send(tenant, AwardDecline(job.job_id, award.shard, award.attempt, why), now)]
-        work = run_time(job, self.throughput)
+        work = run_time(job, self.throughput) * award.left
         self._award_lease_s = award.lease_s
         level = award.level
         if award.attempt > 0:
@@ -921,6 +939,8 @@ class PeerCore(Node):
             last_ack_at=now,
             next_renew_at=now,  # tell the client at once that we hold it
             start_by=now + wait,
+            left=award.left,
+            resume=award.resume,
         )
         self.leases[key] = lease
         self._tenant_load[tenant] = self._tenant_load.get(tenant, 0.0) + run_s * max(job.gpus, 1)
@@ -1163,9 +1183,36 @@ class PeerCore(Node):
                     mem_bytes=lease.job.mem_bytes,
                     level=lease.level,
                     run_s=lease.run_s,
+                    left=lease.left,
+                    resume=lease.resume,
                 )
             )
+            if lease.resume:
+                self.stats["shards_resumed"] += 1
         return out
+
+    def _on_progress(self, now: float, prog: ShardProgress) -> list[Effect]:
+        """The executor saved a running shard's progress: tell its client,
+        which keeps the latest so that, should this peer be lost, the shard
+        goes on elsewhere from there. At most one per ``checkpoint_min_s``
+        per shard; one that claims no progress over the last one sent, or
+        that no client could take, is dropped and counted."""
+        key: LeaseKey = (prog.tenant, prog.job_id, prog.shard, prog.attempt)
+        lease = self.leases.get(key)
+        if lease is None or lease.state != LeaseState.RUNNING:
+            self.stats["checkpoints_unmatched"] += 1  # finished or dropped meanwhile
+            return []
+        if not (lease.checkpoint_done < prog.done < 1.0) or not 0 < len(prog.state) <= MAX_CHECKPOINT_BYTES:
+            self.stats["checkpoints_refused"] += 1
+            return []
+        if now - lease.checkpoint_at < self.config.checkpoint_min_s:
+            self.stats["checkpoints_skipped"] += 1
+            return []
+        lease.checkpoint_at = now
+        lease.checkpoint_done = prog.done
+        self.stats["checkpoints_sent"] += 1
+        return [self._send(lease.tenant, ShardCheckpoint(prog.job_id, prog.shard, prog.attempt, prog.done,
+                                                         prog.state), now)]
 
     def _on_finished(self, now: float, fin: ShardFinished) -> list[Effect]:
         key: LeaseKey = (fin.tenant, fin.job_id, fin.shard, fin.attempt)

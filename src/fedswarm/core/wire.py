@@ -67,6 +67,8 @@ __all__ = [
     "KINDS",
     "LeaseRenewBatch",
     "LeaseAckBatch",
+    "ShardCheckpoint",
+    "MAX_CHECKPOINT_BYTES",
     "encode",
     "decode",
     "decode_unverified",
@@ -82,6 +84,7 @@ _MAX_PARAMS_BYTES = 1024 * 1024
 MAX_BID_NEXT = 16  # waits a bid may list for a job's further shards
 MAX_GOSSIP_REPLY = 255  # entries a gossip reply may be asked for (one is the replier's own)
 MAX_BATCH = 4096  # renewals (or acks) in one batch
+MAX_CHECKPOINT_BYTES = 1024 * 1024  # a resumable shard's saved state (ShardCheckpoint, Award)
 
 
 # --------------------------------------------------------------------------
@@ -104,6 +107,10 @@ LeaseSeconds = Annotated[float, Meta(ge=0.0, le=86400.0)]
 Joules = Annotated[float, Meta(ge=0.0, le=1e15)]
 Grams = Annotated[float, Meta(ge=0.0, le=1e12)]
 ShardList = Annotated[tuple[ShardNo, ...], Meta(max_length=4096)]
+#: the share of a shard's work still to do: 1 for a fresh run, less when it
+#: resumes from a checkpoint
+WorkLeft = Annotated[float, Meta(gt=0.0, le=1.0)]
+CheckpointState = Annotated[bytes, Meta(max_length=MAX_CHECKPOINT_BYTES)]
 EnvelopeBytes = Annotated[bytes, Meta(max_length=_MAX_PARAMS_BYTES + 4096)]
 
 
@@ -131,8 +138,9 @@ class _Wire(Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
         """Rules the annotations cannot express; raise ``RemoteProtocolError``."""
 
     def to_body(self) -> list[Any]:
-        """The field list as plain msgpack types (what ``from_body`` reads)."""
-        out: list[Any] = msgspec.msgpack.decode(_ENC.encode(self))
+        """The field list as plain msgpack types (what ``from_body`` reads),
+        as ``encode`` sends it."""
+        out: list[Any] = msgspec.msgpack.decode(_encode_body(self) if isinstance(self, Message) else _ENC.encode(self))
         return out
 
     @classmethod
@@ -153,6 +161,10 @@ class Message(_Wire, frozen=True):
 
     KIND: ClassVar[int] = 0
     SIGNED: ClassVar[bool] = True
+    #: leave trailing fields that hold their defaults out of the bytes (as
+    #: an older sender, who had no such fields, would): set where fields
+    #: were added that most messages leave at their defaults
+    OMIT_DEFAULT_TAIL: ClassVar[bool] = False
 
 
 class Device(_Wire, frozen=True):
@@ -269,12 +281,19 @@ class JobSpec(Message, frozen=True):
 
 
 class CallForBids(Message, frozen=True):
-    """Client -> peer: bid on these shards of the (tenant-signed) job."""
+    """Client -> peer: bid on these shards of the (tenant-signed) job.
+
+    ``left``: the share of each listed shard's work still to do; below 1
+    when they resume from a checkpoint, and bids price that share. Left out
+    of the bytes when 1 (``OMIT_DEFAULT_TAIL``): a fresh call is the bytes
+    an older client sends, and an older peer reads it."""
 
     KIND: ClassVar[int] = 4
+    OMIT_DEFAULT_TAIL: ClassVar[bool] = True
     job: EnvelopeBytes  # signed JobSpec envelope
     shards: ShardList
     round: U63
+    left: WorkLeft = 1.0
 
 
 class Bid(Message, frozen=True):
@@ -306,15 +325,28 @@ class Bid(Message, frozen=True):
 
 
 class Award(Message, frozen=True):
-    """Client -> winning peer: run ``shard`` (attempt ``attempt``) under a lease."""
+    """Client -> winning peer: run ``shard`` (attempt ``attempt``) under a lease.
+
+    ``resume``: the state of an earlier attempt's last checkpoint
+    (``ShardCheckpoint``), from which the run continues with ``left`` of
+    the shard's work to do; empty (and ``left`` 1) for a fresh run. Both
+    are left out of the bytes for a fresh run (``OMIT_DEFAULT_TAIL``), which
+    is then the award an older client sends."""
 
     KIND: ClassVar[int] = 6
+    OMIT_DEFAULT_TAIL: ClassVar[bool] = True
     job: EnvelopeBytes  # signed JobSpec envelope
     peer: Name  # the winner: an award replayed to another peer is refused
     shard: ShardNo
     attempt: ShardNo
     lease_s: Annotated[float, Meta(ge=0.01, le=86400.0)]
     level: Level
+    left: WorkLeft = 1.0
+    resume: CheckpointState = b""
+
+    def _check(self) -> None:
+        if (self.left < 1.0) != bool(self.resume):
+            raise _bad("resume", "a resumed run needs both its state and left < 1")
 
 
 class AwardDecline(Message, frozen=True):
@@ -410,6 +442,20 @@ class Accusation(Message, frozen=True):
     evidence: Annotated[tuple[Annotated[bytes, Meta(max_length=MAX_MESSAGE_BYTES // 8)], ...], Meta(max_length=16)]
 
 
+class ShardCheckpoint(Message, frozen=True):
+    """Peer -> client: a running shard saved its progress. ``done`` of the
+    shard's work is behind it, and ``state`` (opaque to the client, the
+    task's own encoding) lets another peer go on from there if this one is
+    lost. Best effort: a lost checkpoint leaves the previous one in force."""
+
+    KIND: ClassVar[int] = 16
+    job_id: Name
+    shard: ShardNo
+    attempt: ShardNo
+    done: Annotated[float, Meta(gt=0.0, lt=1.0)]
+    state: Annotated[bytes, Meta(min_length=1, max_length=MAX_CHECKPOINT_BYTES)]
+
+
 KINDS: dict[int, type[Message]] = {
     c.KIND: c
     for c in (
@@ -428,6 +474,7 @@ KINDS: dict[int, type[Message]] = {
         Accusation,
         LeaseRenewBatch,
         LeaseAckBatch,
+        ShardCheckpoint,
     )
 }
 
@@ -517,6 +564,22 @@ def _check_body(cls: type[Message], body: bytes | msgspec.Raw) -> Message:
     return msg
 
 
+def _encode_body(msg: Message) -> bytes:
+    """The body's bytes: the field array, less its trailing fields that
+    hold their defaults where the class says so (``OMIT_DEFAULT_TAIL``;
+    msgspec's decoder fills them back in)."""
+    if not msg.OMIT_DEFAULT_TAIL:
+        return _ENC.encode(msg)
+    names = msg.__struct_fields__
+    defaults = msg.__struct_defaults__
+    first = len(names) - len(defaults)  # the first field with a default
+    values = [getattr(msg, name) for name in names]
+    n = len(values)
+    while n > first and values[n - 1] == defaults[n - 1 - first]:
+        n -= 1
+    return _ENC.encode(values[:n]) if n < len(values) else _ENC.encode(msg)
+
+
 def encode(
     msg: Message,
     identity: Identity | None,
@@ -535,7 +598,7 @@ def encode(
     if identity is None and msg.SIGNED:
         raise LocalProtocolError("unsigned", f"{type(msg).__name__} must be signed")
     author = identity.peer_id if identity is not None else ""
-    body = _ENC.encode(msg)
+    body = _encode_body(msg)
     if check:
         # refuse to send what a receiver would refuse (h11: validate eagerly)
         try:
