@@ -55,6 +55,7 @@ Schema (every table optional except ``devices``; unknown keys are errors)::
     lease_grace_s = 12.0
     result_retry_s = 1.0
     result_retries = 60
+    checkpoint_min_s = 10.0           # a running shard's checkpoints go out at most this often
 
 Reference device: throughput 1.0 is one NVIDIA A100 SXM4 at full clock, so
 a job's ``work_s`` is its per-shard run time on ``gpus`` A100s.
@@ -169,6 +170,7 @@ _MAPPED = {
         "lease_grace_s": "lease_grace_s",
         "result_retry_s": "result_retry_s",
         "result_retries": "result_retries",
+        "checkpoint_min_s": "checkpoint_min_s",
     },
 }
 _INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "join_pull", "gossip_quiet_max", "result_retries"}
@@ -286,7 +288,7 @@ def parse_profile(data: dict[str, Any], *, name: str = "", src: str = "<profile>
             elif fname in _INT_FIELDS:
                 policy[fname] = c.int_(v, full, 0 if fname != "max_view" else 1)
             else:
-                policy[fname] = c.num(v, full, 0, math.inf, lo_open=fname != "fairness_knob")
+                policy[fname] = c.num(v, full, 0, math.inf, lo_open=fname not in ("fairness_knob", "checkpoint_min_s"))
     if "fairness_knob" in policy and policy["fairness_knob"] > 1:
         raise c.err("policy.fairness_knob", "must be in [0, 1]")
 

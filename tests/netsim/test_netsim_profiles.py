@@ -43,6 +43,11 @@ def test_minimal_and_policy():
     # the level rule leaves room for a re-run only when the profile asks
     assert cfg.rerun_room is False
     assert parse_profile({**BASE, "policy": {"rerun_room": True}}, name="m").peer_config().rerun_room is True
+    # how often a running shard's checkpoints go out: 0 sends each one
+    assert cfg.checkpoint_min_s == 10.0
+    for every in (0, 2.5):
+        lease = {"lease": {"checkpoint_min_s": every}}
+        assert parse_profile({**BASE, **lease}, name="m").peer_config().checkpoint_min_s == every
 
 
 @pytest.mark.parametrize(
@@ -59,6 +64,7 @@ def test_minimal_and_policy():
         ({"trust": "superuser"}, "trust"),
         ({"policy": {"queue_policy": "lottery"}}, "queue_policy"),
         ({"policy": {"rerun_room": 1}}, "true or false"),
+        ({"lease": {"checkpoint_min_s": -1}}, "checkpoint_min_s"),
         ({"throughput": {"*": -1}}, "throughput"),
         ({"energy_price": "cheap"}, "must be a number"),
     ],

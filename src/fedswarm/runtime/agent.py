@@ -46,7 +46,12 @@ log = logging.getLogger("fedswarm.agent")
 
 
 class ShardRunner(Protocol):
-    """Runs one shard; returns the ``ShardFinished`` to feed back."""
+    """Runs one shard; returns the ``ShardFinished`` to feed back.
+
+    A runner whose task saves progress hands each checkpoint to the core as
+    a ``ShardProgress`` through the agent's ``feed``, on the loop (never
+    from the task's thread), and none after ``run_shard`` returned or was
+    cancelled (``daemon.runner.ExecutorRunner`` does so)."""
 
     async def run_shard(self, eff: RunShard) -> ShardFinished: ...
 

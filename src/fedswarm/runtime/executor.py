@@ -13,6 +13,16 @@
 4. runs ``task.run`` on a worker thread (``trio.to_thread.run_sync``) so the
    loop stays live, timing it and measuring energy.
 
+Checkpointed re-runs: ``run(..., resume=state, left=share, on_checkpoint=fn)``.
+A resumable task (``fedswarm.tasks.registry.is_resumable``) continues from
+``resume`` and calls ``fn(done, state)`` on the worker thread at its step
+boundaries, after the executor checked ``0 < done < 1`` and the state's size
+(a violation is the task's bug and raises in it). ``fn`` must return quickly;
+calls after the shard was cancelled are dropped. Any other task ignores both
+and runs the whole shard. ``left`` is the share of the shard's work the run
+does when it resumes; it scales the throughput sample, so a resumed run that
+takes a third of the time is not taken for a three times faster peer.
+
 Cancellation: cancelling ``run`` returns at once (the thread is abandoned) and
 sets the shard's cancel flag, which tasks poll between steps via
 ``fedswarm.tasks.check_cancelled``. A torch kernel already launched cannot be
@@ -52,7 +62,15 @@ import torch
 import trio
 
 from ..errors import FederationError
-from ..tasks.registry import TaskRegistry, cancellation, default_registry
+from ..tasks.registry import (
+    MAX_CHECKPOINT_BYTES,
+    Checkpoint,
+    TaskRegistry,
+    cancellation,
+    default_registry,
+    is_resumable,
+    run_task,
+)
 
 __all__ = ["ShardExecutor", "ExecResult", "ShardRejected", "PowerModel", "cpu_free_memory"]
 
@@ -71,6 +89,9 @@ class ShardRejected(FederationError):
 
 @dataclass(frozen=True)
 class ExecResult:
+    """One shard's run; ``ref_seconds`` counts the work this run did (the
+    estimate times ``left`` when it resumed)."""
+
     kind: str
     shard: int
     result: dict
@@ -282,8 +303,18 @@ class ShardExecutor:
             self._reserved -= mem
             self._running -= 1
 
-    async def run(self, kind: str, params: dict, shard: int) -> ExecResult:
+    async def run(self, kind: str, params: dict, shard: int, *, resume: bytes = b"", left: float = 1.0,
+                  on_checkpoint: Checkpoint | None = None) -> ExecResult:
+        """Run one shard (see the module docstring); ``resume``, ``left`` and
+        ``on_checkpoint`` matter only to resumable tasks."""
+        if not isinstance(resume, bytes) or len(resume) > MAX_CHECKPOINT_BYTES:
+            raise ValueError(f"resume must be at most {MAX_CHECKPOINT_BYTES} bytes")
+        if not 0 < left <= 1:
+            raise ValueError("left must be in (0, 1]")
         task = self.registry.get(kind)
+        resumable = is_resumable(task)
+        if not resumable or not resume:
+            left = 1.0  # the whole shard runs
         est = await trio.to_thread.run_sync(task.estimate, params)
         mem = int(est.mem_bytes)
         cap = int(self.total_memory() * self.headroom)
@@ -305,6 +336,17 @@ class ShardExecutor:
 
         dev = self._dev
         cancel = threading.Event()
+        checkpoint: Checkpoint | None = None
+        if on_checkpoint is not None and resumable:
+            report = on_checkpoint
+
+            def checkpoint(done: float, state: bytes) -> None:
+                if isinstance(done, bool) or not isinstance(done, (int, float)) or not 0 < done < 1:
+                    raise ValueError(f"task {kind!r}: checkpoint done must be in (0, 1), got {done!r}")
+                if not isinstance(state, bytes) or not 0 < len(state) <= MAX_CHECKPOINT_BYTES:
+                    raise ValueError(f"task {kind!r}: checkpoint state must be 1..{MAX_CHECKPOINT_BYTES} bytes")
+                if not cancel.is_set():  # an abandoned run's progress is no one's
+                    report(float(done), state)
 
         def work() -> tuple[dict, float, float | None]:
             with cancellation(cancel):
@@ -312,7 +354,7 @@ class ShardExecutor:
                     torch.cuda.set_device(dev)
                 e0 = self._energy_mark()
                 t0 = time.perf_counter()
-                result = task.run(params, shard, device=str(dev))
+                result = run_task(task, params, shard, device=str(dev), resume=resume, checkpoint=checkpoint)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 wall = time.perf_counter() - t0
@@ -333,7 +375,7 @@ class ShardExecutor:
         finally:
             cancel.set()  # no-op if the thread already finished
         if est.ref_seconds > 0:
-            sample = est.ref_seconds / max(wall, 1e-9)
+            sample = est.ref_seconds * left / max(wall, 1e-9)
             with self._state_lock:
                 old = self._throughput.get(kind)
                 self._throughput[kind] = sample if old is None else (
@@ -341,5 +383,5 @@ class ShardExecutor:
                 )
         return ExecResult(
             kind=kind, shard=shard, result=result, wall_seconds=wall, device=str(dev),
-            energy_joules=energy, ref_seconds=est.ref_seconds, mem_bytes=mem,
+            energy_joules=energy, ref_seconds=est.ref_seconds * left, mem_bytes=mem,
         )

@@ -45,7 +45,8 @@ Pieces
     lease, a tenant's cancel, a hand-back on leave) cancels the Ray task
     (``ray.cancel(force=True)``: its worker process ends, so no half-run
     shard leaves state behind in a worker Ray would reuse) and removes its
-    placement group.
+    placement group. A shard awarded with a checkpoint (``RunShard.resume``)
+    resumes from it on the worker; a Ray task itself never checkpoints.
 
 Failures: a Ray task that fails because its worker or node died
 (``WorkerCrashedError``, ``NodeDiedError``, ``ObjectLostError``,
@@ -165,13 +166,19 @@ def parse_reserve(text: str | None) -> dict[str, float]:
 
 # ---------------------------------------------------------------- the worker
 
-def run_shard_on_worker(kind: str, params: dict, shard: int) -> dict:
+def run_shard_on_worker(kind: str, params: dict, shard: int, resume: bytes = b"") -> dict:
     """The one Ray task function fedswarm runs: look ``kind`` up in this
     worker's fedswarm registry, run shard ``shard`` of it on the devices Ray
-    gave this task, and return plain data (the result msgpack-encoded)."""
+    gave this task, and return plain data (the result msgpack-encoded).
+
+    ``resume``: a checkpoint to go on from (``RunShard.resume``), for a
+    resumable task; ``resumed`` in the answer says whether it did. A Ray
+    task never checkpoints: its progress has no way back to the peer while
+    it runs, so a shard lost with this peer starts over (or from an earlier
+    peer's checkpoint) elsewhere."""
     import ray
 
-    from ..tasks.registry import default_registry
+    from ..tasks.registry import default_registry, is_resumable, run_task
 
     task = default_registry().get(kind)
     est = task.estimate(params)
@@ -186,7 +193,7 @@ def run_shard_on_worker(kind: str, params: dict, shard: int) -> dict:
     handles = _nvml_handles(gpu_ids)
     e0 = _nvml_energy(handles)
     t0 = time.perf_counter()
-    result = task.run(params, shard, device=device)
+    result = run_task(task, params, shard, device=device, resume=resume)
     if torch is not None:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
@@ -200,6 +207,7 @@ def run_shard_on_worker(kind: str, params: dict, shard: int) -> dict:
         "wall_s": wall,
         "energy_j": energy,
         "ref_seconds": float(est.ref_seconds),
+        "resumed": bool(resume) and is_resumable(task),
         "node": ray.get_runtime_context().get_node_id(),
         "device": device,
     }
@@ -629,7 +637,7 @@ class RayRunner:
         try:
             if pg is not None:
                 await self._ray_call(ray.get, pg.ready())
-            ref = self.cluster.remote.options(**opts).remote(eff.task, params, eff.shard)
+            ref = self.cluster.remote.options(**opts).remote(eff.task, params, eff.shard, eff.resume)
             self.stats["ray_tasks"] += 1
             return await self._ray_call(ray.get, ref)
         except retryable as exc:
@@ -703,6 +711,8 @@ class RayRunner:
         if energy is None:  # the power model at each level for the time spent at it, on each device
             energy = (ended.energy_j if ended is not None else 0.0) * need
         ref_s = float(out.get("ref_seconds", 0.0))
+        if out.get("resumed"):
+            ref_s *= eff.left  # it ran only the share left after the checkpoint
         if ref_s > 0 and wall > 0:
             old = self.core.throughput.get(eff.task)
             sample = ref_s / wall

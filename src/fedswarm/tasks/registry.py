@@ -13,6 +13,39 @@ float, bool, bytes, None, lists and dicts only) and is a plain blocking
 function: the executor runs it on a worker thread. Long tasks should call
 :func:`check_cancelled` between steps so an abandoned shard stops early.
 
+Resumable tasks (checkpointed re-runs). A task that sets ``resumable = True``
+is called as::
+
+    def run(self, params, shard, *, device, resume: bytes | None = None,
+            checkpoint: Callable[[float, bytes], None] | None = None) -> dict
+
+and promises three things:
+
+* at its natural step boundaries it calls ``checkpoint(done, state)``:
+  ``done`` is the share of the *whole* shard's work behind it (strictly
+  between 0 and 1, counting what a resumed-from run had done), ``state`` its
+  own encoding of that progress (non-empty bytes, at most
+  ``MAX_CHECKPOINT_BYTES``). It may call as often as it likes (the peer
+  forwards at most one per ``checkpoint_min_s``), but should encode only
+  when it calls, not keep re-encoding between calls. The callback returns
+  at once (the state is handed to the event loop, not sent from the
+  task's thread); a cancelled run's checkpoints are dropped. A ``done`` or
+  ``state`` out of those bounds is the task's bug: the executor raises
+  ``ValueError`` from the call.
+* given ``resume`` (a ``state`` from an earlier call, possibly by *another*
+  peer's run of the same shard, so untrusted), it continues from there. It
+  validates the state as strictly as ``params`` and raises
+  :class:`BadResumeState` (a ``ValueError``) for anything malformed or
+  made for other params or another shard.
+* a resumed run returns exactly what an uninterrupted run returns: the
+  swarm compares results of different attempts, and the client cannot tell
+  a resumed result from a fresh one.
+
+A task without ``resumable`` (or with it false) is called as before and
+never receives ``resume``: a re-run after a lost peer runs the whole shard
+again, which is slower but just as correct. Use :func:`run_task` to call a
+task either way.
+
 Built-ins (``tensor-map``, ``llm-batch``) are imported lazily on first use, so
 importing this module does not import torch. Operators add kinds through the
 ``fedswarm.tasks`` entry-point group; the entry point may name a task
@@ -39,6 +72,12 @@ __all__ = [
     "TaskRegistry",
     "UnknownTask",
     "TaskCancelled",
+    "ResumableTask",
+    "BadResumeState",
+    "Checkpoint",
+    "MAX_CHECKPOINT_BYTES",
+    "is_resumable",
+    "run_task",
     "ENTRY_POINT_GROUP",
     "REF_FLOPS",
     "REF_MEM_BW",
@@ -70,6 +109,14 @@ _BUILTINS: dict[str, str] = {
 }
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
+#: The largest checkpoint state a task may hand ``checkpoint`` (the wire's
+#: limit on a ``ShardCheckpoint``, ``fedswarm.core.wire.MAX_CHECKPOINT_BYTES``,
+#: repeated here so that tasks need not import the core; a test ties the two).
+MAX_CHECKPOINT_BYTES = 1024 * 1024
+
+#: ``checkpoint(done, state)``: what a resumable task calls to save progress
+Checkpoint = Callable[[float, bytes], None]
+
 
 @dataclass(frozen=True)
 class TaskEstimate:
@@ -93,12 +140,51 @@ class Task(Protocol):
     def run(self, params: dict, shard: int, *, device: str) -> dict: ...
 
 
+@runtime_checkable
+class ResumableTask(Protocol):
+    """A task that saves its progress and continues from it (see the module
+    docstring); ``resumable`` is ``True``."""
+
+    name: str
+    resumable: bool
+
+    def estimate(self, params: dict) -> TaskEstimate: ...
+
+    def run(self, params: dict, shard: int, *, device: str, resume: bytes | None = None,
+            checkpoint: Checkpoint | None = None) -> dict: ...
+
+
+def is_resumable(task: object) -> bool:
+    """Whether ``task`` declared ``resumable = True`` (exactly: a truthy
+    non-bool is a plugin's mistake, and calling such a task with keywords
+    it does not take would fail every shard)."""
+    return getattr(task, "resumable", False) is True
+
+
+def run_task(task: Task, params: dict, shard: int, *, device: str, resume: bytes = b"",
+             checkpoint: Checkpoint | None = None) -> dict:
+    """Run one shard of ``task`` the way it understands: a resumable task gets
+    ``resume`` (``None`` for a fresh run) and ``checkpoint``; any other task
+    runs the whole shard and never checkpoints, whatever ``resume`` says."""
+    if is_resumable(task):
+        return task.run(params, shard, device=device, resume=resume or None,  # type: ignore[call-arg]
+                        checkpoint=checkpoint)
+    return task.run(params, shard, device=device)
+
+
 class UnknownTask(ValueError):
     """No task of that kind is registered here."""
 
 
 class TaskCancelled(Exception):
     """Raised inside a task by :func:`check_cancelled` after its shard was abandoned."""
+
+
+class BadResumeState(ValueError):
+    """A resumable task was given a checkpoint state it cannot continue from
+    (malformed, from another version, or made for other params or another
+    shard). A ``ValueError``, like bad params: the shard fails rather than
+    run on from a state nobody can vouch for."""
 
 
 # ----------------------------------------------------------- cancellation
