@@ -109,6 +109,9 @@ class _Job:
     done: set = field(default_factory=set)
     resv: int = 0  # sparrow: outstanding reservations
     got: set = field(default_factory=set)  # shards whose result reached the client
+    #: shard -> the share of its work behind its last checkpoint
+    #: (``workload.checkpoint_s``): a re-run goes on from there
+    progress: dict = field(default_factory=dict)
 
 
 class BaselineSim:
@@ -281,7 +284,7 @@ class BaselineSim:
 
     def _level(self, p: _Peer, job: _Job, shard: int) -> tuple[float, float]:
         tj = job.tj
-        work = tj.duration_s / max(p.speed, 1e-9)
+        work = tj.duration_s * (1.0 - job.progress.get(shard, 0.0)) / max(p.speed, 1e-9)
         deadline = None if tj.deadline_s is None else job.submit_t + tj.deadline_s - self.now
         if deadline is not None and tj.chain:  # as PeerCore._on_cfb: this shard's share
             deadline /= max(tj.shards - shard, 1)
@@ -301,7 +304,7 @@ class BaselineSim:
         self.gen += 1
         # keyed ("", job, shard, run counter): the runs of a peer sort by job and shard
         e = RunShard("", jid, shard, self.gen, self.sc.task_of(job.tj.tenant), b"", job.tj.duration_s, g, 0,
-                     level, run_s)
+                     level, run_s, 1.0 - job.progress.get(shard, 0.0))
         p.rec.runs.start(self.now, e)
         self._push(self.now + run_s, FIN, p.rec.id, (e.tenant, jid, shard, self.gen))
 
@@ -321,6 +324,19 @@ class BaselineSim:
         ended = p.rec.runs.end(self.now, key)
         assert ended is not None and p.rec.profile is not None
         g = ended.gpus
+        ck = self.sc.checkpoint_s
+        if ck > 0 and ended.effect.run_s > ck:
+            # its task saved progress every ck seconds of the run, each time
+            # a message to the scheduler (as fedswarm's peers tell the client)
+            e = ended.effect
+            saved = min(int(ended.seconds // ck), int(math.ceil(e.run_s / ck)) - 1)
+            if saved > 0:
+                self._msg("checkpoint", saved)
+                if not completed:
+                    done = (1.0 - e.left) + e.left * min(saved * ck / e.run_s, 1.0)
+                    if done < 1.0:
+                        job = self.st[e.job_id]
+                        job.progress[e.shard] = max(job.progress.get(e.shard, 0.0), done)
         if release:
             self._release(p, g)
         if completed:

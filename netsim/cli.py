@@ -65,6 +65,8 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, out: str, profiles: str, p
     p.add_argument("--peers", type=int, help="scale the swarm to N initial peers, keeping the profile mix")
     p.add_argument("--profiles", help=profiles)
     p.add_argument("--max-time", type=float, help="override the scenario's max_time_s")
+    p.add_argument("--checkpoint-s", type=float, metavar="SECONDS",
+                   help="override the scenario's workload.checkpoint_s: tasks save progress this often (0: never)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress on stderr (default: a bar on a terminal, a line every 5 s elsewhere)")
     if policies is None:
@@ -238,6 +240,10 @@ def _load(args: argparse.Namespace) -> "tuple[Any, Any] | None":
             sc = sc.scaled(args.peers)
         if args.max_time is not None:
             sc.max_time_s = args.max_time
+        if getattr(args, "checkpoint_s", None) is not None:
+            if not 0.0 <= args.checkpoint_s <= 86400.0:
+                raise ScenarioError(f"--checkpoint-s: seconds from 0 (off) to 86400, got {args.checkpoint_s}")
+            sc.checkpoint_s = args.checkpoint_s
     except (ScenarioError, TraceError, ValueError) as exc:
         print(f"netsim: error: {exc}", file=sys.stderr)
         return None

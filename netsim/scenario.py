@@ -123,6 +123,10 @@ class Scenario:
     #: or the parts by region: part i runs the nodes of the regions in
     #: ``part_regions[i]`` (every message between parts then crosses regions)
     part_regions: tuple[tuple[str, ...], ...] = ()
+    #: ``workload.checkpoint_s``: every running shard's task saves its
+    #: progress this often (``ShardProgress``), so that a re-run after a
+    #: crash goes on from there; 0: no task saves progress
+    checkpoint_s: float = 0.0
     llm: Any = None  # an ``[llm]`` table: netsim.llm.LLMConfig (LLM serving sessions; ``netsim run`` runs netsim.llm)
 
     def task_of(self, tenant: str) -> str:
@@ -166,7 +170,7 @@ _NET = {"regions", "intra_ms", "inter_ms", "jitter_ms", "bandwidth_mbps", "loss"
 _PART = {"start_s", "end_s", "fraction", "regions"}
 _CHURN = {"crash_fraction", "crash_window_s", "leave_fraction", "leave_window_s", "leave_grace_s",
           "join_count", "join_window_s"}
-_WORK = {"trace", "task", "tenants"}
+_WORK = {"trace", "task", "tenants", "checkpoint_s"}
 _GROUP = {"profile", "count", "region"}
 _FAULT_KEYS = {
     "crash": {"kind", "fraction", "count", "start_s", "end_s"},
@@ -452,6 +456,10 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
         tenant_tasks=tenant_tasks,
         tenant_regions=tenant_regions,
     )
+    ck = wl.get("checkpoint_s", 0.0)
+    if type(ck) not in (int, float) or not 0.0 <= ck <= 86400.0:
+        raise ScenarioError(f"{src}: workload.checkpoint_s: seconds from 0 (off) to 86400, got {ck!r}")
+    sc.checkpoint_s = float(ck)
     par = data.get("parallel", {})
     _table(par, f"{src}: parallel", _PARALLEL)
     parts, first = par.get("parts", 1), par.get("first_share", 0.5)

@@ -153,7 +153,7 @@ def _child_argv(args: Any, seed: int, out: Path) -> list[str]:
     argv = [sys.executable, "-m", "netsim", "compare", str(args.scenario), "--seed", str(seed),
             "--out", str(out), "--no-plot", "-q", "--policies", args.policies]
     for flag, val in (("--trace", args.trace), ("--peers", args.peers), ("--profiles", args.profiles),
-                      ("--max-time", args.max_time)):
+                      ("--max-time", args.max_time), ("--checkpoint-s", getattr(args, "checkpoint_s", None))):
         if val is not None:
             argv += [flag, str(val)]
     return argv

@@ -41,6 +41,7 @@ from fedswarm.core.events import (
     SetLevel,
     ShardDelivered,
     ShardFinished,
+    ShardProgress,
     Submit,
 )
 from fedswarm.core.peer import PeerCore
@@ -58,7 +59,7 @@ from .workload import TraceJob
 
 __all__ = ["Simulator", "NodeRec", "JobRec"]
 
-MSG, POLL, FIN, SUBMIT, START, CRASH, LEAVE, LEAVE_END, JOIN, FORGET, RESCHED, HANG, RESUME = range(13)
+MSG, POLL, FIN, SUBMIT, START, CRASH, LEAVE, LEAVE_END, JOIN, FORGET, RESCHED, HANG, RESUME, CKPT = range(14)
 #: the plan's action kinds as the loop's
 _ACTION = {"start": START, "submit": SUBMIT, "crash": CRASH, "leave": LEAVE, "join": JOIN, "hang": HANG,
            "resume": RESUME}
@@ -459,6 +460,11 @@ class Simulator:
                 fin_t = self._finish_at(rec, self.now, e.run_s)
                 if fin_t < math.inf:  # a peer hung for good never finishes it
                     self._push(fin_t, FIN, rec, key, run.gen)
+                ck = self.sc.checkpoint_s
+                # (a peer slowed by a fault window saves none: its progress
+                # is not what the core's clock says)
+                if ck > 0 and e.run_s > ck and not rec.windows:
+                    self._push(self.now + ck, CKPT, rec, key, (self.now, e.run_s * e.level))
             elif t is SetLevel:
                 run = rec.runs.set_level(self.now, e)
                 if run is None:
@@ -649,6 +655,8 @@ class Simulator:
                 fin = ShardFinished(e.tenant, e.job_id, e.shard, e.attempt, True, res, run_s=run_s, energy_j=energy)
                 self._perform(a, a.core.handle(t, fin))
                 self._after(a)
+            elif kind == CKPT:
+                self._checkpoint(a, b, c)
             elif kind == RESCHED:
                 a.resched_pending = False
                 self._resched(a)
@@ -672,6 +680,28 @@ class Simulator:
             elif kind == RESUME:
                 self.resume(a)
         self.now = max(self.now, min(t_end, self.stop_at)) if t_end < math.inf else self.now
+
+    def _checkpoint(self, rec: NodeRec, key: Any, began_work: tuple[float, float]) -> None:
+        """A running shard's task saves its progress (every
+        ``workload.checkpoint_s`` of its run): the share of the shard's work
+        behind it, counting what the run it resumed from had done. The
+        state stands for the task's: a few bytes naming the point."""
+        began, work = began_work
+        run = rec.runs.get(key)
+        if run is None or run.began != began or not rec.alive or rec.hung:
+            return
+        now = self.now
+        e = run.effect
+        # the core's clock: what is left of the run, at its level, in full-clock seconds
+        left_w = run.left(now) * e.level
+        done = (1.0 - e.left) + e.left * (1.0 - left_w / work)
+        if 1.0 - e.left < done < 1.0:
+            state = f"{e.job_id}/{e.shard}@{done:.6f}".encode()
+            self._perform(rec, rec.core.handle(now, ShardProgress(e.tenant, e.job_id, e.shard, e.attempt, done,
+                                                                  state)))
+            self._after(rec)
+        if run.left(now) > self.sc.checkpoint_s:
+            self._push(now + self.sc.checkpoint_s, CKPT, rec, key, began_work)
 
     def _poll(self, rec: NodeRec) -> None:
         core = rec.core
