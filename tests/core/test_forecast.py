@@ -79,6 +79,31 @@ def test_a_bid_is_news_until_a_newer_state_and_teaches_how_stale_states_are() ->
     assert f.eta(spec, e, now, stale=True) > f.eta(spec, e, now)
 
 
+def test_stale_idle_states_are_learnt_per_speed_so_slow_idle_peers_rank_first() -> None:
+    # a loaded swarm: old "idle" states of fast peers bid minutes out, and
+    # that must not raise the estimate of equally old idle slow peers
+    f, e, spec = _setup(slots=1)
+    slow_state = msgspec.structs.replace(e.state, throughput={"*": 0.45})
+    f.view.merge("slow", slow_state, e.issued_at, e.raw, e.issued_at)
+    slow = f.view.get("slow")
+    assert slow is not None
+    now = e.issued_at + 300.0  # both states are 300 s old and say idle
+    fast_k, slow_k = f.stale_class(spec, e, now, 0.0), f.stale_class(spec, slow, now, 0.0)
+    assert fast_k != slow_k
+    for _ in range(40):  # fast peers with such states bid to start 300 s out
+        f.learn_stale((fast_k, 0.0), _bid(300.0))
+    assert f.stale_means[fast_k] > 250.0 and f.stale_means[slow_k] == 0.0
+    # the first look trusts the states: the fast peer finishes first (10 s against 22 s)
+    assert [x.peer for x in f.rank(spec, [e, slow], 1, now)] == [e.peer]
+    # a second look corrects them by what was learnt: the slow idle peer first
+    assert [x.peer for x in f.rank(spec, [e, slow], 1, now, stale=True)] == ["slow"]
+    assert f.eta(spec, slow, now, stale=True) == f.eta(spec, slow, now) == 10.0 / 0.45
+    # peers of one speed still share a class whatever else differs in their states
+    twin = msgspec.structs.replace(e.state, throughput={"*": 0.5, "sim": 0.48})
+    f.view.merge("twin", twin, e.issued_at, e.raw, e.issued_at)
+    assert f.stale_class(spec, f.view.get("twin"), now, 0.0) == slow_k  # type: ignore[arg-type]
+
+
 def test_round_trips_time_the_bid_window_and_stand_in_for_a_region() -> None:
     f, e, _ = _setup()
     cfg = f.config

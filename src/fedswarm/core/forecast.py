@@ -8,9 +8,10 @@ signed states, and answers from it how soon a shard would finish where:
   ``rto``, ``bid_window``, ``resend_after``);
 * news: each bid's start time, fresher than its peer's state, until a newer
   state arrives (``remember``, ``news_wait``);
-* staleness: per class of state age (and whether the state showed a free
-  slot, and whether the shard has a deadline), how much later than their
-  states predicted the peers have bid (``learn_stale``, ``stale_class``);
+* staleness: per class of peer speed and state age (and whether the state
+  showed a free slot, and whether the shard has a deadline), how much later
+  than their states predicted the peers have bid (``learn_stale``,
+  ``stale_class``);
 * the awards this client sent each peer since its state was issued, which
   that state cannot show (``note_award``, ``unpend``, ``awarded_since``);
 * ties: this client's own order among peers ranked equal (``tie``).
@@ -38,6 +39,9 @@ __all__ = ["Forecaster", "position", "AGE_CLASSES", "MAX_PENDING"]
 
 MAX_PENDING = 256  # awards remembered per peer until its next state
 AGE_CLASSES = 8  # ages of a state: [0, 1), [1, 3), [3, 7), ... [127, inf) seconds
+#: a peer's speed for the task, in half-octaves below the reference: [1, inf),
+#: [0.71, 1), [0.5, 0.71), [0, 0.5)
+SPEED_CLASSES = 4
 
 #: an award this client sent a peer: (run seconds, slots, sent at, job_id, shard, attempt)
 Pending = tuple[float, int, float, str, int, int]
@@ -92,7 +96,7 @@ class Forecaster:
         self._region_rtt: dict[str, float] = {}
         #: per staleness class (``stale_class``): the mean of how much later
         #: than their states predicted the peers have bid (0: no sample yet)
-        self._stale = [0.0] * (2 * 2 * AGE_CLASSES)
+        self._stale = [0.0] * (2 * 2 * AGE_CLASSES * SPEED_CLASSES)
         #: peer -> (state, queued work poured?, its slot free times after
         #: that pour, sorted): ``view_wait`` ranks the same state many times
         #: (every round that samples the peer) until the next one arrives
@@ -230,11 +234,22 @@ class Forecaster:
     @staticmethod
     def stale_class(spec: JobSpec, e: ViewEntry, now: float, wait: float) -> int:
         """Which of the staleness means applies to a prediction from ``e``'s
-        state: by the state's age (doubling classes), by whether it showed a
-        slot free, and by whether the shard has a deadline (it may jump a queue)."""
+        state: by the peer's speed for the task (``SPEED_CLASSES``), by the
+        state's age (doubling classes), by whether it showed a slot free,
+        and by whether the shard has a deadline (it may jump a queue).
+
+        The speed matters on a loaded swarm: the fast peers are taken first,
+        so an old "idle" state of a fast peer is likely stale while that of
+        a slow one is likely true. Learnt in one mean, a second look raised
+        both alike and still ranked the fast, busy ones first (twice the
+        load on 400 peers, docs/evaluation.md: a 6.8 s shard whose second
+        looks asked busy A100s and RTX 4090s ran at last on a 0.25 peer)."""
         age = max(now - e.issued_at, 0.0)
         k = min(int(math.log2(1.0 + age)), AGE_CLASSES - 1)
-        return (k * 2 + (wait > 0.5)) * 2 + (spec.deadline_s is not None)
+        thr = e.state.throughput
+        speed = thr.get(spec.task, thr.get("*", 1.0))
+        s = min(int(-2.0 * math.log2(speed)), SPEED_CLASSES - 1) if 0.0 < speed < 1.0 else 0
+        return ((s * AGE_CLASSES + k) * 2 + (wait > 0.5)) * 2 + (spec.deadline_s is not None)
 
     def learn_stale(self, predicted: tuple[int, float] | None, bid: Bid) -> None:
         """Fold how far a peer's state was off (``predicted``: its staleness
