@@ -9,10 +9,12 @@ import pytest
 import trio
 
 from fedswarm.tasks.tokenizer import load_tokenizer
-from gguf_testing import hf_greedy, smollm_path, tiny_files
+from gguf_testing import hf_greedy, hf_margins, smollm_path, tiny_files
 from llm_swarm_helpers import memory_swarm
 
 N_NEW = 12
+#: a bfloat16 rounding step of a logit of 16 to 32 (SmolLM2's top logits here)
+BF16_STEP = 0.125
 CHAINS = {
     "smollm": (["0:15", "15:30"], ["0:7", "7:19", "19:30"]),
     "tiny": (["0:2", "2:4"], ["0:1", "1:3", "3:4"]),
@@ -50,16 +52,22 @@ def test_swarm_greedy_equals_transformers_on_gguf(which, paths):
 
 def test_bf16_peers_decode_as_transformers_bf16(paths):
     """Two peers serving SmolLM2's halves in bfloat16 (``--serve-dtype
-    bfloat16``, what ``auto`` picks on a GPU) give the greedy tokens of
-    transformers' model loaded in bfloat16 from the same GGUF. The prompt is
-    one where bfloat16 and float32 part at the first new token, so a peer that
-    computed in float32 would fail it."""
+    bfloat16``, what ``auto`` picks on a GPU) pick, at every step, a token
+    that transformers' model loaded in bfloat16 from the same GGUF ranks
+    first, or within one bfloat16 rounding step of first, read teacher-forced
+    over the swarm's continuation.
+
+    Greedy tokens alone are not compared: this prompt's first new token is
+    an exact tie of bfloat16 logits, which the two implementations' CPU
+    kernels break differently from one CPU to another (on a CPU with
+    AVX512-BF16 transformers' own cached greedy run picks a third token).
+    That the peers really compute in bfloat16 is their ``dtype_name`` here,
+    and ``test_llm_processes.py::test_peers_serve_in_the_dtype_asked_for``
+    compares them with the same spans run in one process."""
     path = paths["smollm"]
     tok = load_tokenizer(path)
     chat = [{"role": "user", "content": "List three prime numbers and explain why."}]
     prompt = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
-    ref = hf_greedy(str(path), tuple(prompt), N_NEW, "bfloat16")
-    assert ref[0] != hf_greedy(str(path), tuple(prompt), N_NEW)[0]
 
     async def main():
         async with memory_swarm(path, ["0:15", "15:30"], dtype="bfloat16") as s:
@@ -67,4 +75,11 @@ def test_bf16_peers_decode_as_transformers_bf16(paths):
             return (await s.llm.generate(prompt, N_NEW, greedy=True)).token_ids
 
     toks = trio.run(main)
-    assert toks == ref, (tok.decode(toks), tok.decode(ref))
+    assert len(toks) == N_NEW
+    margins = hf_margins(str(path), prompt, toks, "bfloat16")
+    assert max(margins) <= BF16_STEP, (tok.decode(toks), margins)
+    # the check has teeth: a continuation with one token swapped for another
+    # that transformers ranks far down is caught
+    worse = list(toks)
+    worse[N_NEW // 2] = (worse[N_NEW // 2] + 1) % 49152
+    assert max(hf_margins(str(path), prompt, worse, "bfloat16")) > 4 * BF16_STEP

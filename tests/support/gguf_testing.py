@@ -236,6 +236,18 @@ def hf_greedy(path: str, prompt: tuple[int, ...], n: int, dtype: str = "float32"
     return toks
 
 
+def hf_margins(path: str, prompt: list[int], tokens: list[int], dtype: str) -> list[float]:
+    """Read ``tokens`` as a continuation of ``prompt`` teacher-forced by
+    transformers' model in ``dtype`` (one forward pass): at each step, how
+    far the chosen token's logit is below the step's top logit (0: it is a
+    top token)."""
+    m = hf_model(path, dtype)
+    with torch.no_grad():
+        logits = m(torch.tensor([list(prompt) + list(tokens)])).logits[0].float()
+    first = len(prompt) - 1
+    return [float(logits[first + i].max() - logits[first + i][t]) for i, t in enumerate(tokens)]
+
+
 def _hf_greedy(path: str, prompt: tuple[int, ...], n: int, dtype: str = "float32") -> list[int]:
     """transformers' greedy continuation with its KV cache (argmax each step,
     no early stop at EOS, so exactly ``n`` tokens)."""
