@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from pathlib import Path
 
 from . import dumps_results, hugepages
-from .scenario import ScenarioError, load_scenario
+from .scenario import ScenarioError, checkpoint_interval, load_scenario
 from .sim import Simulator
 from .workload import TraceError, read_trace
 
@@ -241,9 +241,7 @@ def _load(args: argparse.Namespace) -> "tuple[Any, Any] | None":
         if args.max_time is not None:
             sc.max_time_s = args.max_time
         if getattr(args, "checkpoint_s", None) is not None:
-            if not 0.0 <= args.checkpoint_s <= 86400.0:
-                raise ScenarioError(f"--checkpoint-s: seconds from 0 (off) to 86400, got {args.checkpoint_s}")
-            sc.checkpoint_s = args.checkpoint_s
+            sc.checkpoint_s = checkpoint_interval(args.checkpoint_s, "--checkpoint-s")
     except (ScenarioError, TraceError, ValueError) as exc:
         print(f"netsim: error: {exc}", file=sys.stderr)
         return None

@@ -325,6 +325,14 @@ def resolve_profile(name: str, profiles_dir: Path | None, base: Path) -> Path:
     raise ScenarioError(f"profile {name!r} not found (looked in {[str(c) for c in cands]}); use --profiles DIR")
 
 
+def checkpoint_interval(value: Any, where: str) -> float:
+    """``workload.checkpoint_s`` (or ``--checkpoint-s``, ``where`` names
+    which) checked: seconds from 0 (off) to a day."""
+    if type(value) not in (int, float) or not 0.0 <= value <= 86400.0:
+        raise ScenarioError(f"{where}: seconds from 0 (off) to 86400, got {value!r}")
+    return float(value)
+
+
 def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: Path = Path("."),
                    profiles_dir: Path | None = None) -> Scenario:
     _table(data, src, _TOP)
@@ -456,10 +464,7 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
         tenant_tasks=tenant_tasks,
         tenant_regions=tenant_regions,
     )
-    ck = wl.get("checkpoint_s", 0.0)
-    if type(ck) not in (int, float) or not 0.0 <= ck <= 86400.0:
-        raise ScenarioError(f"{src}: workload.checkpoint_s: seconds from 0 (off) to 86400, got {ck!r}")
-    sc.checkpoint_s = float(ck)
+    sc.checkpoint_s = checkpoint_interval(wl.get("checkpoint_s", 0.0), f"{src}: workload.checkpoint_s")
     par = data.get("parallel", {})
     _table(par, f"{src}: parallel", _PARALLEL)
     parts, first = par.get("parts", 1), par.get("first_share", 0.5)
