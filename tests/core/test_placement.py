@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fedswarm.core.client_core import ClientCore, JobRequest
 from fedswarm.core.config import ClientConfig, PeerConfig
 from fedswarm.core.energy import PowerModel
-from fedswarm.core.events import Send, SetThroughput, Submit
+from fedswarm.core.events import CancelJob, Send, SetThroughput, Submit
 from fedswarm.core.fairness import priority
 from fedswarm.core.view import ViewEntry
 from fedswarm.core.wire import JobSpec
@@ -208,12 +208,14 @@ def test_pending_awards_of_peers_that_left_are_forgotten() -> None:
 
 
 def _stale_view_run(max_rebids: int = 2, *, b_work: float = 400.0, a_work: float = 5.0, settle: float = 3.0,
-                    **client_kw: float) -> tuple[float, int]:
+                    slow_after: float = 0.0, seen: dict[str, object] | None = None, **client_kw: float
+                    ) -> tuple[float, int]:
     """Client A's view says all 4 single-slot peers are free, the 2 fast ones
     first; meanwhile client B fills both fast ones with 100 s shards
-    (``b_work`` / 4). A then submits a short shard (``a_work`` / 4 s on a fast
+    (``b_work`` / 4), and with ``slow_after`` the 2 slow ones' throughput
+    drops to that. A then submits a short shard (``a_work`` / 4 s on a fast
     peer) and invites the one peer its view ranks first. Returns A's JCT
-    and second looks."""
+    and second looks; ``seen`` gets the swarm, client A and its job id."""
     s = MiniSwarm(4, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i < 2 else 1.0}),
                   client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 30)
@@ -226,8 +228,14 @@ def _stale_view_run(max_rebids: int = 2, *, b_work: float = 400.0, a_work: float
     s.step_until(s.now + settle)
     fast = [pid for i, pid in enumerate(s.peers) if i < 2]
     assert all(any(key[1] == jb for key in s.peers[pid].leases) for pid in fast)
+    if slow_after:
+        for pid in s.peers:
+            if pid not in fast:
+                s.peers[pid].handle(s.now, SetThroughput("*", slow_after))
     t0 = s.now
     ja = s.submit(a, JobRequest("sim", 1, work_s=a_work))
+    if seen is not None:
+        seen.update(swarm=s, client=a, job=ja)
     s.step_until(s.now + 400, stop=lambda: ja in s.finished)
     assert s.finished[ja].ok
     return s.now - t0, a.stats["rebids"]
@@ -235,11 +243,128 @@ def _stale_view_run(max_rebids: int = 2, *, b_work: float = 400.0, a_work: float
 
 def test_a_bid_far_worse_than_the_view_promised_gets_a_second_look() -> None:
     # taking the best bid in hand: the shard queues behind a 100 s shard
-    slow, rebids = _stale_view_run(max_rebids=0)
+    # (rescues off: they would move it at its holder's first renewal)
+    slow, rebids = _stale_view_run(max_rebids=0, rescue_gain=0.0)
     assert slow > 90 and rebids == 0
     # a second look asks the next-ranked peers (twice as many), and one of them is free
     fast, rebids = _stale_view_run(max_rebids=2)
     assert fast < 10 and rebids == 1
+
+
+def test_a_shard_queued_far_behind_moves_to_a_free_peer_and_its_queued_attempt_is_cancelled() -> None:
+    # no second look: the shard is awarded behind a 100 s shard on a fast
+    # peer; that peer's renewal says so, the view lists free slow peers, and
+    # a second auction moves it there
+    seen: dict[str, object] = {}
+    jct, rebids = _stale_view_run(max_rebids=0, seen=seen)
+    s, a, ja = seen["swarm"], seen["client"], seen["job"]
+    assert isinstance(s, MiniSwarm) and isinstance(a, ClientCore) and isinstance(ja, str)
+    assert jct < 10 and rebids == 0
+    assert a.stats["rescues"] == 1 and a.stats["rescues_moved"] == 1 and a.stats["rescues_kept"] == 0
+    ran = [d.peer for d in s.delivered if d.job_id == ja]
+    fast = [pid for i, pid in enumerate(s.peers) if i < 2]
+    assert len(ran) == 1 and ran[0] not in fast  # it ran once, on a slow peer
+    # the queued attempt was cancelled once the new one ran, not left to run
+    s.step_until(s.now + 60)
+    assert not any(key[1] == ja for pid in fast for key in s.peers[pid].leases)
+    assert sum(s.peers[pid].stats["shards_cancelled"] for pid in fast) == 1
+    assert [d.peer for d in s.delivered if d.job_id == ja] == ran
+
+
+def test_a_rescue_that_finds_nothing_sooner_leaves_the_shard_queued_where_it_was() -> None:
+    # the slow peers' throughput drops to 0.01/s after A pulled its view:
+    # the view still promises 5 s there, but their bids say 500 s, later
+    # than the queued attempt's 100 s
+    seen: dict[str, object] = {}
+    jct, _ = _stale_view_run(max_rebids=0, slow_after=0.01, seen=seen)
+    s, a, ja = seen["swarm"], seen["client"], seen["job"]
+    assert isinstance(s, MiniSwarm) and isinstance(a, ClientCore) and isinstance(ja, str)
+    assert a.stats["rescues"] == 1 and a.stats["rescues_kept"] == 1 and a.stats["rescues_moved"] == 0
+    fast = [pid for i, pid in enumerate(s.peers) if i < 2]
+    assert [d.peer for d in s.delivered if d.job_id == ja] in ([fast[0]], [fast[1]])
+    assert 90 < jct < 120  # after the 100 s shard ahead of it, no later
+    assert a.stats["awards_sent"] == 1  # no award went to a slow peer
+
+
+def _rescue_race_run(cancel_b_at: float | None) -> tuple[MiniSwarm, ClientCore, str, list[str], int]:
+    """Peer 0 (4/s) and peers 1 and 2 (2/s), one slot each; client A's view
+    says all are free. Client B fills peer 0 for 100 s and peers 1 and 2
+    for 40 s. A's shard (80 work: 20 s on peer 0) goes to peer 0, queued
+    behind B's: its renewal says 120 s, the view 40 s elsewhere, so it is
+    auctioned again, and peer 1 or 2 wins it (their bids: 40 s busy, then
+    40 s). With ``cancel_b_at``, B cancels its job on peer 0 that many
+    seconds after A's submit, so A's queued attempt starts there first.
+    Returns the swarm, A, A's job, [peer 0, peer 1, peer 2] and the
+    rescues A had settled 1 s after that cancel."""
+    s = MiniSwarm(3, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i == 0 else 2.0}),
+                  client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 30)
+    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=300.0, max_rebids=0)
+    b = s.add_client(2)
+    s.step_until(s.now + 31)  # A pulled the view once; its next pull is far away
+    pids = list(s.peers)
+    jb0 = s.submit(b, JobRequest("sim", 1, work_s=400.0))
+    s.step_until(s.now + 2)
+    assert any(k[1] == jb0 for k in s.peers[pids[0]].leases)
+    jb1 = s.submit(b, JobRequest("sim", 2, work_s=80.0))
+    s.step_until(s.now + 2)
+    assert all(any(k[1] == jb1 for k in s.peers[p].leases) for p in pids[1:])
+    t0 = s.now
+    ja = s.submit(a, JobRequest("sim", 1, work_s=80.0))
+    settled = -1
+    if cancel_b_at is not None:
+        s.step_until(t0 + cancel_b_at)
+        s.perform(b.id, b.handle(s.now, CancelJob(jb0)))
+        s.step_until(s.now + 1.0)
+        settled = a.stats["rescues_kept"] + a.stats["rescues_moved"]
+    s.step_until(s.now + 300, stop=lambda: ja in s.finished)
+    assert s.finished[ja].ok
+    return s, a, ja, pids, settled
+
+
+def test_a_rescued_shard_runs_where_it_starts_first_and_the_other_attempt_is_cancelled() -> None:
+    # no cancel: the new attempt (queued 40 s on peer 1 or 2) starts first
+    # and finishes at about 80 s, before the 120 s peer 0 said
+    s, a, ja, pids, _ = _rescue_race_run(None)
+    ran = [d.peer for d in s.delivered if d.job_id == ja]
+    assert len(ran) == 1 and ran[0] != pids[0] and a.stats["rescues_moved"] == 1
+    # B's job on peer 0 is cancelled 5 s in: A's queued attempt starts there
+    # before the new one can; it keeps the shard and the new one is cancelled,
+    # at once: a shard that waited renews its lease when it starts
+    s, a, ja, pids, settled = _rescue_race_run(5.0)
+    assert settled == 1
+    assert a.stats["rescues"] == 1 and a.stats["rescues_kept"] == 1 and a.stats["rescues_moved"] == 0
+    assert [d.peer for d in s.delivered if d.job_id == ja] == [pids[0]]
+    assert sum(s.peers[p].stats["shards_cancelled"] for p in pids[1:]) == 1
+    s.step_until(s.now + 100)
+    assert not any(k[1] == ja for p in pids[1:] for k in s.peers[p].leases)
+
+
+def test_a_queued_shard_renews_with_its_start_replayed_on_the_slots() -> None:
+    # two slots: a 100 s shard and a 5 s one run; a 10 s shard waits for
+    # the 5 s one's slot, so it should finish about 15 s on, not after an
+    # average of the work ahead over both slots (60 s)
+    s = MiniSwarm(1, seed=3, peer_config=lambda i: PeerConfig(slots=2, throughput={"*": 1.0}),
+                  client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 20)
+    c = s.add_client()
+    s.step_until(s.now + 10)
+    long, short = s.submit(c, JobRequest("sim", 1, work_s=100.0)), s.submit(c, JobRequest("sim", 1, work_s=5.0))
+    s.step_until(s.now + 1)
+    (peer,) = s.peers.values()
+    assert len(peer.leases) == 2
+    queued = s.submit(c, JobRequest("sim", 1, work_s=10.0))
+    s.step_until(s.now + 1)
+    keys = {k[1]: k for k in peer.leases}
+    assert set(keys) == {long, short, queued}
+    etas = peer._etas(s.now)
+    left = etas[keys[short]]
+    assert 0 < left < 5 and abs(etas[keys[queued]] - (left + 10.0)) < 1e-6
+    # and when it starts, it says so at once (its client may have offered it elsewhere)
+    s.step_until(s.now + left + 0.5)
+    assert c.stats["renewals"] >= 1
+    ((_, lease),) = [(k, v) for k, v in peer.leases.items() if k[1] == queued]
+    assert lease.state == "running" and lease.last_ack_at >= lease.started_at  # renewed and acked since
 
 
 def test_a_sub_second_shard_gets_a_second_look_when_its_best_bid_waits_many_runs() -> None:
@@ -429,13 +554,14 @@ def test_a_slowed_shard_that_lost_its_rerun_room_in_the_queue_starts_at_full_clo
 
 
 def _late_award_run(decline_late_s: float, b_work_s: float = 200.0,
-                    a_deadline_s: float | None = None) -> tuple[str, str, float, int]:
+                    a_deadline_s: float | None = None, rescue_gain: float = 0.0) -> tuple[str, str, float, int]:
     """Clients A and B each call both peers at once; the fast single-slot
     peer bids "start now" to both. B's 100 s shard reaches it first; A's
-    award is 1 s slower on the wire and finds the slot taken."""
+    award is 1 s slower on the wire and finds the slot taken. (Rescues are
+    off unless asked for: this is about what the peer does.)"""
     s = MiniSwarm(2, seed=6, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 2.0 if i == 0 else 1.5},
                                                               decline_late_s=decline_late_s),
-                  client_config=ClientConfig(verify="none", probe_min=2))
+                  client_config=ClientConfig(verify="none", probe_min=2, rescue_gain=rescue_gain))
     fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 2.0)
     s.step_until(s.now + 20)
     a, b = s.add_client(1), s.add_client(2)
@@ -456,19 +582,24 @@ def test_a_peer_declines_an_award_it_can_no_longer_start_near_its_bid() -> None:
     # kept, it waits behind the 100 s shard until a straggler backup runs it
     fast, on, took, declined = _late_award_run(0.0)
     assert declined == 0 and took > 20.0
+    # kept, with the client's rescues: the holder's first renewal says it
+    # is queued, and the client moves it to the other, free peer
+    fast, on, took, declined = _late_award_run(0.0, rescue_gain=0.5)
+    assert declined == 0 and on != fast and took < 12.0
 
 
-def _slipped_run(decline_late_s: float) -> tuple[float, int, bool]:
+def _slipped_run(decline_late_s: float, rescue_gain: float = 0.0) -> tuple[float, int, bool]:
     """Client A's 36 s shard runs on the fast single-slot peer F; A's 10 s
     shard X queues behind it (the other peer, S, would take 50 s). Client B
     then gives F three urgent 20 s shards, which only F serves: they jump
-    F's queue and X's start slips from 36 s to 96 s."""
+    F's queue and X's start slips from 36 s to 96 s. (Rescues are off
+    unless asked for: this is about what the peer does.)"""
     seed = 8
     a_id = ident(10_001, seed).peer_id
     s = MiniSwarm(2, seed=seed, peer_config=lambda i: PeerConfig(
         slots=1, throughput={"*": 1.0 if i == 0 else 0.2}, decline_late_s=decline_late_s,
         allowed_tenants=None if i == 0 else frozenset({a_id})),
-        client_config=ClientConfig(verify="none"))
+        client_config=ClientConfig(verify="none", rescue_gain=rescue_gain))
     fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 1.0)
     s.step_until(s.now + 20)
     a, b = s.add_client(1), s.add_client(2)
@@ -635,7 +766,7 @@ def test_among_peers_that_would_finish_alike_the_near_one_gets_the_sub_second_sh
         assert n == 5 and on_far == 0, (seed, on_far)
 
 
-def _old_free_states_run(stale_gain: float) -> tuple[float, bool, float, int]:
+def _old_free_states_run(stale_gain: float, rescue_gain: float = 0.0) -> tuple[float, bool, float, int]:
     """Client A pulled the view once: 8 single-slot peers, all free. Then
     client B fills the six fast ones with 100 s shards, and A hears fresh
     states from the two slow ones only (they re-sign theirs every 5 s, the
@@ -643,13 +774,14 @@ def _old_free_states_run(stale_gain: float) -> tuple[float, bool, float, int]:
     offered where its old view says, to a busy fast peer, whose bid is far
     worse than the view promised elsewhere: a second look. Returns the
     job's time from submit to result, whether a slow peer ran it, the
-    largest staleness A learnt and A's second looks."""
+    largest staleness A learnt and A's second looks. (Rescues are off by
+    default: one would move the shard once its holder said it was queued.)"""
     s = MiniSwarm(8, seed=21, peer_config=lambda i: PeerConfig(
         slots=1, throughput={"*": 4.0 if i < 6 else 2.0}, state_ttl_s=300.0, state_refresh_s=300.0 if i < 6 else 5.0),
         client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 30)
     a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=120.0, max_rebids=1,
-                     stale_gain=stale_gain)
+                     stale_gain=stale_gain, rescue_gain=rescue_gain)
     b = s.add_client(2)
     s.step_until(s.now + 31)  # A pulled the view once; its next pull is far away
     jb = s.submit(b, JobRequest("sim", 6, work_s=400.0))
@@ -676,6 +808,10 @@ def test_a_second_look_ranks_old_free_states_down_by_how_far_bids_found_them_off
     # look ranks the fresh "free" states of the slower peers first
     took, on_slow, learnt, rebids = _old_free_states_run(stale_gain=0.125)
     assert took < 5 and on_slow and learnt > 10 and rebids == 1
+    # trusting the view but with rescues: queued behind the 100 s shard, it
+    # is auctioned again once its holder's renewal says so, and moves
+    took, on_slow, _, _ = _old_free_states_run(stale_gain=0.0, rescue_gain=0.5)
+    assert took < 10 and on_slow
 
 
 @functools.cache

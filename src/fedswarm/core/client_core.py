@@ -157,11 +157,30 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
     (ShardState.AWARDED, "reopen"): ShardState.OPEN,
     (ShardState.AWARDED, "verify"): ShardState.OPEN,  # held result awaits a second opinion
     (ShardState.AWARDED, "speculate"): ShardState.OPEN,  # a straggler gets a backup; it keeps running
+    # a queued shard is offered elsewhere (``_Rescue``); no better offer: it stays queued where it was
+    (ShardState.AWARDED, "rescue"): ShardState.OPEN,
+    (ShardState.OPEN, "keep"): ShardState.AWARDED,
+    (ShardState.BIDDING, "keep"): ShardState.AWARDED,
     (ShardState.AWARDED, "result"): ShardState.DONE,
     # a result from an earlier attempt may land while the shard is re-auctioned
     (ShardState.OPEN, "result"): ShardState.DONE,
     (ShardState.BIDDING, "result"): ShardState.DONE,
 }
+
+
+@dataclass(slots=True)
+class _Rescue:
+    """A shard queued far behind other work at its holder, while the view
+    shows a peer that should finish it much sooner, is auctioned again with
+    its queued attempt kept: the first of the two to start runs it, the
+    other is revoked at its next renewal. Should the auction find nothing
+    that finishes sooner, the queued attempt stays the shard's."""
+    attempt: int  # the queued attempt
+    peer: str
+    finish: float  # when it should finish there, as its holder's renewal said
+    until: float  # its lease, kept up to date by its renewals meanwhile
+    running: bool = False
+    moved_finish: float = math.inf  # when the new attempt should finish, once awarded
 
 
 @dataclass(slots=True)
@@ -187,6 +206,8 @@ class _Shard:
     # on from ``resume`` with ``left`` of the work to do (1, b"": from the start)
     left: float = 1.0
     resume: bytes = b""
+    rescue: _Rescue | None = None
+    rescued: bool = False  # a shard is offered elsewhere at most once
 
 
 @dataclass(slots=True, init=False)
@@ -706,6 +727,9 @@ class ClientCore(Node):
             # a second look: peers not asked yet (all of them again if none is left)
             cands = [e for e in cands if e.peer not in job.asked] or cands
         if not cands:
+            for sh in open_:
+                if sh.rescue is not None:
+                    self._keep_rescued(job, sh)
             self._backoff(job, now)
             self.stats["rounds_no_candidates"] += 1
             return out
@@ -1044,6 +1068,12 @@ class ClientCore(Node):
                 key = (not (second and trusted), finish > left, cost, peer)
                 if best is None or key < best[0]:
                     best = (key, bid, finish)
+            r = sh.rescue
+            if r is not None:
+                if best is None or best[2] >= r.finish - now - self.config.rebid_min_s:
+                    self._keep_rescued(job, sh)  # nothing sooner than where it waits
+                    continue
+                r.moved_finish = now + best[2]
             if best is None:
                 self._move(sh, "no-bid")
                 continue
@@ -1090,14 +1120,19 @@ class ClientCore(Node):
         return job, sh
 
     def _on_renew(self, now: float, signed: Signed, msg: LeaseRenew) -> list[Effect]:
-        return [self._send(signed.author, self._renew_ack(now, signed.author, msg), now)]
+        out: list[Effect] = []
+        out.insert(0, self._send(signed.author, self._renew_ack(now, signed.author, msg, out), now))
+        return out
 
     def _on_renew_batch(self, now: float, signed: Signed, msg: LeaseRenewBatch) -> list[Effect]:
-        acks = tuple(self._renew_ack(now, signed.author, r) for r in msg.renewals)
-        return [self._send(signed.author, LeaseAckBatch(acks), now)]
+        out: list[Effect] = []
+        acks = tuple(self._renew_ack(now, signed.author, r, out) for r in msg.renewals)
+        out.insert(0, self._send(signed.author, LeaseAckBatch(acks), now))
+        return out
 
-    def _renew_ack(self, now: float, peer: str, msg: LeaseRenew) -> LeaseAck:
-        """Extend (or revoke) ``peer``'s lease that ``msg`` renews."""
+    def _renew_ack(self, now: float, peer: str, msg: LeaseRenew, out: list[Effect]) -> LeaseAck:
+        """Extend (or revoke) ``peer``'s lease that ``msg`` renews; a rescue
+        that this settles appends its cancel to ``out``."""
         found = self._holder(msg.job_id, msg.shard, msg.attempt, peer)
         if found is None:
             self.stats["renewals_unknown"] += 1
@@ -1115,8 +1150,93 @@ class ClientCore(Node):
         if current and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._set_lease(sh, job.spec.job_id, now + granted)
             sh.award = None
+            if msg.running:
+                if sh.rescue is not None:
+                    out.extend(self._drop_rescued(now, job, sh))
+            elif cfg.rescue_gain > 0 and not sh.rescued and self._worth_rescue(now, job, sh, msg.eta_s):
+                self._rescue(now, job, sh, msg.eta_s)
+        elif current and sh.rescue is not None and sh.rescue.attempt == msg.attempt:
+            r = sh.rescue
+            r.until = now + granted
+            if msg.running and not r.running:
+                r.running = True
+                if sh.state == ShardState.AWARDED and r.moved_finish < now + msg.eta_s - cfg.rebid_min_s:
+                    # the new attempt should still finish well before: both
+                    # go on, the first result wins and cancels the other
+                    sh.rescue = None
+                    self.stats["rescues_raced"] += 1
+                else:  # the queued attempt started first: it keeps the shard
+                    out.extend(self._keep_rescued(job, sh, now))
         self.stats["renewals"] += 1
         return LeaseAck(msg.job_id, msg.shard, msg.attempt, current, granted)
+
+    def _worth_rescue(self, now: float, job: _Job, sh: _Shard, eta: float) -> bool:
+        """Whether a shard queued at its holder, due to finish in ``eta``
+        seconds, should finish so much sooner elsewhere, as the view says,
+        that it is worth an auction (``rescue_gain`` of ``eta`` sooner, and
+        ``rebid_min_s``; or in time for a deadline it would miss there)."""
+        cfg = self.config
+        spec = job.spec
+        if eta <= cfg.rebid_min_s or spec.chain or sh.candidates:
+            return False
+        left = deadline_left(spec, sh.index, now)
+        late = left is not None and eta > left
+        margin = max(cfg.rescue_gain * eta, cfg.rebid_min_s)
+
+        def wins(alt: float) -> bool:  # monotone: a sooner finish wins too
+            return (late and left is not None and left >= alt) or eta - alt > margin
+
+        cands, _ = self._candidates(spec, now, cfg.probe_min)
+        banned = self.banned
+        pool = [e for e in cands if e.peer != sh.peer and e.peer not in sh.exclude and e.peer not in banned]
+        return self.forecast.beats(spec, pool, now, wins)
+
+    def _rescue(self, now: float, job: _Job, sh: _Shard, eta: float) -> None:
+        """Auction ``sh`` again with its queued attempt kept (``_Rescue``)."""
+        self.stats["rescues"] += 1
+        sh.rescued = True
+        sh.rescue = _Rescue(sh.attempt, sh.peer, now + eta, sh.lease_until)
+        sh.exclude.add(sh.peer)
+        self._move(sh, "rescue")
+        sh.attempt = max(sh.holders, default=-1) + 1
+        sh.peer = ""
+        job.next_round_at = -math.inf
+
+    def _keep_rescued(self, job: _Job, sh: _Shard, now: float | None = None) -> list[Effect]:
+        """The queued attempt stays the shard's: the auction found nothing
+        sooner, the new attempt was lost, or the queued one started first
+        (then a new attempt already awarded is cancelled, at ``now``)."""
+        r = sh.rescue
+        assert r is not None
+        sh.rescue = None
+        self.stats["rescues_kept"] += 1
+        out: list[Effect] = []
+        if sh.state == ShardState.AWARDED:
+            sh.live.discard(sh.attempt)
+            self.forecast.unpend(sh.peer, job.spec.job_id, sh.index, sh.attempt)
+            if now is not None:
+                out.append(self._send(sh.peer, Cancel(job.spec.job_id, (sh.index,)), now))
+        else:
+            self._move(sh, "keep")
+        sh.attempt = r.attempt
+        sh.peer = r.peer
+        sh.award = None
+        sh.exclude.discard(r.peer)
+        self._set_lease(sh, job.spec.job_id, r.until)
+        return out
+
+    def _drop_rescued(self, now: float, job: _Job, sh: _Shard) -> list[Effect]:
+        """The new attempt runs: the queued one is cancelled (unless it runs
+        too, as far as we know; then the first result wins)."""
+        r = sh.rescue
+        assert r is not None
+        sh.rescue = None
+        if r.running:
+            return []
+        self.stats["rescues_moved"] += 1
+        sh.live.discard(r.attempt)
+        self.forecast.unpend(r.peer, job.spec.job_id, sh.index, r.attempt)
+        return [self._send(r.peer, Cancel(job.spec.job_id, (sh.index,)), now)]
 
     def _on_decline(self, now: float, signed: Signed, msg: AwardDecline) -> list[Effect]:
         found = self._holder(msg.job_id, msg.shard, msg.attempt, signed.author)
@@ -1126,6 +1246,8 @@ class ClientCore(Node):
         self.forecast.unpend(signed.author, msg.job_id, msg.shard, msg.attempt)
         self.stats["declines"] += 1
         sh.live.discard(msg.attempt)
+        if sh.rescue is not None and sh.rescue.attempt == msg.attempt:
+            sh.rescue = None  # the queued attempt was handed back: the auction goes on without it
         if not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
             self._reopen(job, sh)
             return self._advance(now, job)
@@ -1159,6 +1281,11 @@ class ClientCore(Node):
         sh.resume = b""
 
     def _reopen(self, job: _Job, sh: _Shard) -> None:
+        r = sh.rescue
+        if r is not None and r.attempt in sh.live:
+            self._keep_rescued(job, sh)  # the new attempt was lost: the queued one still waits
+            return
+        sh.rescue = None
         sh.live.discard(sh.attempt)
         self._move(sh, "reopen")
         sh.attempt = max(sh.holders, default=-1) + 1

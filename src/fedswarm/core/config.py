@@ -180,6 +180,11 @@ class ClientConfig:
     # (an absolute 5 s margin is 25 such runs); 0: the seconds alone
     rebid_min_runs: float = 4.0
     max_rebids: int = 2  # re-auctions of one round's shards before the best bid is taken anyway
+    # -- rescues: a shard queued at its holder is auctioned again, once, when
+    # the view says another peer should finish it this share of the holder's
+    # finish sooner (and rebid_min_s); the queued attempt is kept until the
+    # new one starts. 0: a shard waits where it was awarded
+    rescue_gain: float = 0.5
     # -- stale states: weight of each bid in the mean of how much later than
     # its peer's state predicted bids come, per class of state age (an old
     # "free" state is ranked down by that); 0: never learn, trust the view
@@ -223,6 +228,8 @@ class ClientConfig:
             raise ValueError("short_lease_factor must be >= 0 and short_lease_min_s > 0")
         if self.rebid_min_runs < 0:
             raise ValueError("rebid_min_runs must be >= 0")
+        if not 0.0 <= self.rescue_gain < 1.0:
+            raise ValueError("rescue_gain must be in [0, 1)")
         if not 0.0 <= self.stale_gain <= 1.0:
             raise ValueError("stale_gain must be in [0, 1]")
         if self.verify not in ("none", "auto", "always"):

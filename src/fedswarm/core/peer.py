@@ -981,19 +981,21 @@ class PeerCore(Node):
         return left is not None and promised - now + run_s <= left < start - now + run_s
 
     def _etas(self, now: float) -> dict[LeaseKey, float]:
-        """Seconds until each lease's shard finishes here, in queue order."""
-        slots = self.config.slots
-        busy = sum(self._remaining(lease, now) for lease in self.leases.values() if lease.state == LeaseState.RUNNING)
+        """Seconds until each lease's shard finishes here: a queued one's
+        start replayed on the slots in ``_schedule``'s order (as a bid's
+        wait is), then its run. (An average over all slots of the work
+        ahead said 88 s for a shard this peer's own bid, a moment later,
+        said would start within 4 s; a client that moves queued shards
+        elsewhere acts on this figure.)"""
         out: dict[LeaseKey, float] = {}
-        ctx = self._context(now)
-        queued = self._queue_order([lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED], ctx)
-        ahead = busy
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
                 out[lease.key] = self._remaining(lease, now) / max(lease.job.gpus, 1)
-        for lease in queued:
-            out[lease.key] = ahead / slots + lease.run_s
-            ahead += self._remaining(lease, now)
+        if len(out) < len(self.leases):
+            waits = self._queued_waits(self._context(now))
+            for lease in self.leases.values():
+                if lease.state == LeaseState.QUEUED:
+                    out[lease.key] = waits[lease.key] + lease.run_s
         return out
 
     def _renew_msg(self, lease: _Lease, now: float, eta: float | None = None) -> LeaseRenew:
@@ -1166,6 +1168,11 @@ class PeerCore(Node):
             self._fit_deadline(lease, now)
             self._move(lease, "start")
             lease.started_at = now
+            if lease.accepted_at < now:
+                # it waited here: tell its client at once that it runs (a
+                # client that offered it elsewhere meanwhile cancels the other)
+                lease.next_renew_at = min(lease.next_renew_at, now)
+                self._touch(lease)
             free -= need
             self._busy_slots += need
             t, j, s, a = lease.key
