@@ -216,7 +216,8 @@ def _stale_view_run(max_rebids: int = 2, *, b_work: float = 400.0, a_work: float
     drops to that. A then submits a short shard (``a_work`` / 4 s on a fast
     peer) and invites the one peer its view ranks first. Returns A's JCT
     and second looks; ``seen`` gets the swarm, client A and its job id."""
-    s = MiniSwarm(4, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i < 2 else 1.0}),
+    s = MiniSwarm(4, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i < 2 else 1.0},
+                                                               queue_etas=True),
                   client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 30)
     a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=30.0, max_rebids=max_rebids,
@@ -256,7 +257,7 @@ def test_a_shard_queued_far_behind_moves_to_a_free_peer_and_its_queued_attempt_i
     # peer; that peer's renewal says so, the view lists free slow peers, and
     # a second auction moves it there
     seen: dict[str, object] = {}
-    jct, rebids = _stale_view_run(max_rebids=0, seen=seen)
+    jct, rebids = _stale_view_run(max_rebids=0, seen=seen, rescue_gain=0.5)
     s, a, ja = seen["swarm"], seen["client"], seen["job"]
     assert isinstance(s, MiniSwarm) and isinstance(a, ClientCore) and isinstance(ja, str)
     assert jct < 10 and rebids == 0
@@ -276,7 +277,7 @@ def test_a_rescue_that_finds_nothing_sooner_leaves_the_shard_queued_where_it_was
     # the view still promises 5 s there, but their bids say 500 s, later
     # than the queued attempt's 100 s
     seen: dict[str, object] = {}
-    jct, _ = _stale_view_run(max_rebids=0, slow_after=0.01, seen=seen)
+    jct, _ = _stale_view_run(max_rebids=0, slow_after=0.01, seen=seen, rescue_gain=0.5)
     s, a, ja = seen["swarm"], seen["client"], seen["job"]
     assert isinstance(s, MiniSwarm) and isinstance(a, ClientCore) and isinstance(ja, str)
     assert a.stats["rescues"] == 1 and a.stats["rescues_kept"] == 1 and a.stats["rescues_moved"] == 0
@@ -296,10 +297,12 @@ def _rescue_race_run(cancel_b_at: float | None) -> tuple[MiniSwarm, ClientCore, 
     seconds after A's submit, so A's queued attempt starts there first.
     Returns the swarm, A, A's job, [peer 0, peer 1, peer 2] and the
     rescues A had settled 1 s after that cancel."""
-    s = MiniSwarm(3, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i == 0 else 2.0}),
+    s = MiniSwarm(3, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i == 0 else 2.0},
+                                                               queue_etas=True),
                   client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 30)
-    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=300.0, max_rebids=0)
+    a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=300.0, max_rebids=0,
+                     rescue_gain=0.5)
     b = s.add_client(2)
     s.step_until(s.now + 31)  # A pulled the view once; its next pull is far away
     pids = list(s.peers)
@@ -344,7 +347,7 @@ def test_a_queued_shard_renews_with_its_start_replayed_on_the_slots() -> None:
     # two slots: a 100 s shard and a 5 s one run; a 10 s shard waits for
     # the 5 s one's slot, so it should finish about 15 s on, not after an
     # average of the work ahead over both slots (60 s)
-    s = MiniSwarm(1, seed=3, peer_config=lambda i: PeerConfig(slots=2, throughput={"*": 1.0}),
+    s = MiniSwarm(1, seed=3, peer_config=lambda i: PeerConfig(slots=2, throughput={"*": 1.0}, queue_etas=True),
                   client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 20)
     c = s.add_client()

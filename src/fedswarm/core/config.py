@@ -70,6 +70,11 @@ class PeerConfig:
     # on accepting it, or whose start now misses a deadline the earlier
     # start met; 0: never
     decline_late_s: float = 30.0
+    # renewals of queued shards carry their finish with the start replayed on
+    # the slots in queue order (as a bid's wait), not the work ahead averaged
+    # over all slots, and a shard that waited renews as soon as it starts:
+    # what clients' rescues (ClientConfig.rescue_gain) act on. Off by default
+    queue_etas: bool = False
     max_backlog_s: float = math.inf
     queue_policy: str = "rho"
     fairness_knob: float = 1.0  # 1: pure finish-time fairness; 0: shortest first
@@ -183,8 +188,11 @@ class ClientConfig:
     # -- rescues: a shard queued at its holder is auctioned again, once, when
     # the view says another peer should finish it this share of the holder's
     # finish sooner (and rebid_min_s); the queued attempt is kept until the
-    # new one starts. 0: a shard waits where it was awarded
-    rescue_gain: float = 0.5
+    # new one starts. 0 (the default): a shard waits where it was awarded.
+    # Off by default: on scale-10k they ran for 62% of the shards and cost
+    # 18% more messages per peer-second for the same mean JCT (docs/
+    # evaluation.md, "Rescues"). Peers should set queue_etas
+    rescue_gain: float = 0.0
     # -- stale states: weight of each bid in the mean of how much later than
     # its peer's state predicted bids come, per class of state age (an old
     # "free" state is ranked down by that); 0: never learn, trust the view

@@ -981,12 +981,14 @@ class PeerCore(Node):
         return left is not None and promised - now + run_s <= left < start - now + run_s
 
     def _etas(self, now: float) -> dict[LeaseKey, float]:
-        """Seconds until each lease's shard finishes here: a queued one's
-        start replayed on the slots in ``_schedule``'s order (as a bid's
-        wait is), then its run. (An average over all slots of the work
-        ahead said 88 s for a shard this peer's own bid, a moment later,
-        said would start within 4 s; a client that moves queued shards
-        elsewhere acts on this figure.)"""
+        """Seconds until each lease's shard finishes here. With
+        ``queue_etas``, a queued one's start is replayed on the slots in
+        ``_schedule``'s order (as a bid's wait is), then its run; else it is
+        the work ahead averaged over all slots, which said 88 s for a shard
+        this peer's own bid, a moment later, said would start within 4 s (a
+        client that moves queued shards elsewhere acts on this figure)."""
+        if not self.config.queue_etas:
+            return self._average_etas(now)
         out: dict[LeaseKey, float] = {}
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
@@ -996,6 +998,23 @@ class PeerCore(Node):
             for lease in self.leases.values():
                 if lease.state == LeaseState.QUEUED:
                     out[lease.key] = waits[lease.key] + lease.run_s
+        return out
+
+    def _average_etas(self, now: float) -> dict[LeaseKey, float]:
+        """``_etas`` without ``queue_etas``: a queued shard's wait is the
+        work ahead of it spread over all slots."""
+        slots = self.config.slots
+        busy = sum(self._remaining(lease, now) for lease in self.leases.values() if lease.state == LeaseState.RUNNING)
+        out: dict[LeaseKey, float] = {}
+        ctx = self._context(now)
+        queued = self._queue_order([lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED], ctx)
+        ahead = busy
+        for lease in self.leases.values():
+            if lease.state == LeaseState.RUNNING:
+                out[lease.key] = self._remaining(lease, now) / max(lease.job.gpus, 1)
+        for lease in queued:
+            out[lease.key] = ahead / slots + lease.run_s
+            ahead += self._remaining(lease, now)
         return out
 
     def _renew_msg(self, lease: _Lease, now: float, eta: float | None = None) -> LeaseRenew:
@@ -1168,7 +1187,7 @@ class PeerCore(Node):
             self._fit_deadline(lease, now)
             self._move(lease, "start")
             lease.started_at = now
-            if lease.accepted_at < now:
+            if self.config.queue_etas and lease.accepted_at < now:
                 # it waited here: tell its client at once that it runs (a
                 # client that offered it elsewhere meanwhile cancels the other)
                 lease.next_renew_at = min(lease.next_renew_at, now)
