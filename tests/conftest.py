@@ -53,3 +53,25 @@ def gqa_dir():
     from fedswarm.tasks.checkpoint import resolve_model
 
     return resolve_model("tiny-llama-gqa")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave at once once everything is reported, when Ray was imported.
+
+    Ray installs a C++ terminate handler in this process. A daemon thread
+    still alive at interpreter shutdown (here one freeing a torch tensor) is
+    stopped by CPython with a forced unwind, which that handler turns into
+    SIGABRT: a CI run of 2026-12-07 had all 820 tests pass and then exited
+    with 134. Nothing is left to do at this point but that shutdown.
+    """
+    if "ray" not in sys.modules:
+        return
+    status = getattr(config, "_fedswarm_status", 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(status))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._fedswarm_status = exitstatus  # type: ignore[attr-defined]
