@@ -65,13 +65,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     SIGABRT: a CI run of 2026-12-07 had all 820 tests pass and then exited
     with 134. Nothing is left to do at this point but that shutdown.
     """
-    if "ray" not in sys.modules:
-        return
-    status = getattr(config, "_fedswarm_status", 0)
+    status = config.stash.get(_EXIT_STATUS, None)
+    if status is None or "ray" not in sys.modules:
+        return  # no session ran (a usage error): pytest exits as it would
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(int(status))
+    os._exit(status)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    session.config._fedswarm_status = exitstatus  # type: ignore[attr-defined]
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)

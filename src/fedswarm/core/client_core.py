@@ -172,9 +172,9 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
 class _Rescue:
     """A shard queued far behind other work at its holder, while the view
     shows a peer that should finish it much sooner, is auctioned again with
-    its queued attempt kept: the first of the two to start runs it, the
-    other is revoked at its next renewal. Should the auction find nothing
-    that finishes sooner, the queued attempt stays the shard's."""
+    its queued attempt kept: the first of the two to start runs it, and the
+    other is cancelled then. Should the auction find nothing that finishes
+    sooner, the queued attempt stays the shard's."""
     attempt: int  # the queued attempt
     peer: str
     finish: float  # when it should finish there, as its holder's renewal said
@@ -954,12 +954,19 @@ class ClientCore(Node):
             pool = self._eligible(spec, now, [e for e in map(self.view.get, rnd.ranked)
                                               if e is not None and e.expires_at > now and not e.state.leaving])
         margin = max(cfg.rebid_gain * best, floor)
-        late = best > left
+        return self._sooner_elsewhere(spec, [e for e in pool if e.peer not in asked], now, best, left, margin)
+
+    def _sooner_elsewhere(self, spec: JobSpec, pool: list[ViewEntry], now: float, finish: float, left: float,
+                          margin: float) -> bool:
+        """Whether the view says some peer of ``pool`` finishes ``spec``'s
+        shard more than ``margin`` before ``finish`` (seconds from now), or
+        within ``left`` (the deadline; inf: none) where ``finish`` is not."""
+        late = finish > left
 
         def wins(alt: float) -> bool:  # monotone: a sooner finish wins too
-            return (late and left >= alt) or best - alt > margin
+            return (late and left >= alt) or finish - alt > margin
 
-        return self.forecast.beats(spec, [e for e in pool if e.peer not in asked], now, wins)
+        return self.forecast.beats(spec, pool, now, wins)
 
     def _close_round(self, now: float, job: _Job) -> list[Effect]:
         rnd = job.round
@@ -1179,17 +1186,11 @@ class ClientCore(Node):
         spec = job.spec
         if eta <= cfg.rebid_min_s or spec.chain or sh.candidates:
             return False
-        left = deadline_left(spec, sh.index, now)
-        late = left is not None and eta > left
-        margin = max(cfg.rescue_gain * eta, cfg.rebid_min_s)
-
-        def wins(alt: float) -> bool:  # monotone: a sooner finish wins too
-            return (late and left is not None and left >= alt) or eta - alt > margin
-
         cands, _ = self._candidates(spec, now, cfg.probe_min)
         banned = self.banned
         pool = [e for e in cands if e.peer != sh.peer and e.peer not in sh.exclude and e.peer not in banned]
-        return self.forecast.beats(spec, pool, now, wins)
+        return self._sooner_elsewhere(spec, pool, now, eta, self._left(job, (sh.index,), now),
+                                      max(cfg.rescue_gain * eta, cfg.rebid_min_s))
 
     def _rescue(self, now: float, job: _Job, sh: _Shard, eta: float) -> None:
         """Auction ``sh`` again with its queued attempt kept (``_Rescue``)."""

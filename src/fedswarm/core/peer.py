@@ -987,32 +987,24 @@ class PeerCore(Node):
         the work ahead averaged over all slots, which said 88 s for a shard
         this peer's own bid, a moment later, said would start within 4 s (a
         client that moves queued shards elsewhere acts on this figure)."""
-        if not self.config.queue_etas:
-            return self._average_etas(now)
         out: dict[LeaseKey, float] = {}
+        running: list[_Lease] = []
+        queued: list[_Lease] = []
         for lease in self.leases.values():
             if lease.state == LeaseState.RUNNING:
+                running.append(lease)
                 out[lease.key] = self._remaining(lease, now) / max(lease.job.gpus, 1)
-        if len(out) < len(self.leases):
-            waits = self._queued_waits(self._context(now))
-            for lease in self.leases.values():
-                if lease.state == LeaseState.QUEUED:
+            elif lease.state == LeaseState.QUEUED:
+                queued.append(lease)
+        if self.config.queue_etas:
+            if queued:
+                waits = self._queued_waits(self._context(now))
+                for lease in queued:
                     out[lease.key] = waits[lease.key] + lease.run_s
-        return out
-
-    def _average_etas(self, now: float) -> dict[LeaseKey, float]:
-        """``_etas`` without ``queue_etas``: a queued shard's wait is the
-        work ahead of it spread over all slots."""
+            return out
         slots = self.config.slots
-        busy = sum(self._remaining(lease, now) for lease in self.leases.values() if lease.state == LeaseState.RUNNING)
-        out: dict[LeaseKey, float] = {}
-        ctx = self._context(now)
-        queued = self._queue_order([lease for lease in self.leases.values() if lease.state == LeaseState.QUEUED], ctx)
-        ahead = busy
-        for lease in self.leases.values():
-            if lease.state == LeaseState.RUNNING:
-                out[lease.key] = self._remaining(lease, now) / max(lease.job.gpus, 1)
-        for lease in queued:
+        ahead = sum(self._remaining(lease, now) for lease in running)
+        for lease in self._queue_order(queued, self._context(now)):
             out[lease.key] = ahead / slots + lease.run_s
             ahead += self._remaining(lease, now)
         return out
