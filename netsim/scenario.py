@@ -506,8 +506,21 @@ def parse_scenario(data: dict[str, Any], *, src: str = "<scenario>", base_dir: P
     return sc
 
 
-def load_scenario(path: str | Path, *, profiles_dir: str | Path | None = None) -> Scenario:
-    p = Path(path)
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: tables merge key by key, anything else
+    (numbers, strings, arrays such as ``[[swarm]]``) is replaced whole."""
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        out[k] = _merge(b, v) if isinstance(b, dict) and isinstance(v, dict) else v
+    return out
+
+
+def _read(p: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A scenario file's tables, with ``extends = "other.toml"`` resolved:
+    the other file (in the same directory, so that the paths both hold, a
+    trace's and the profiles', mean the same) is read first and this one's
+    keys go on top of it (``_merge``)."""
     try:
         with p.open("rb") as f:
             data = tomllib.load(f)
@@ -515,5 +528,19 @@ def load_scenario(path: str | Path, *, profiles_dir: str | Path | None = None) -
         raise ScenarioError(f"{p}: no such scenario file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: invalid TOML: {exc}") from None
+    if "extends" not in data:
+        return data
+    base = data.pop("extends")
+    if not isinstance(base, str) or not base or Path(base).name != base:
+        raise ScenarioError(f"{p}: extends: must name a scenario file in the same directory, e.g. \"eval-philly.toml\"")
+    bp = p.parent / base
+    if bp.resolve() in seen or bp.resolve() == p.resolve():
+        raise ScenarioError(f"{p}: extends: {base} extends this file again (a cycle)")
+    return _merge(_read(bp, (*seen, p.resolve())), data)
+
+
+def load_scenario(path: str | Path, *, profiles_dir: str | Path | None = None) -> Scenario:
+    p = Path(path)
+    data = _read(p)
     return parse_scenario(data, src=str(p), base_dir=p.parent,
                           profiles_dir=Path(profiles_dir) if profiles_dir is not None else None)

@@ -134,3 +134,30 @@ def test_compare_over_seeds_refuses_bad_input_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_scenario_extends_another_file_in_its_directory(tmp_path, capsys):
+    """``extends``: the named file's tables, with this file's keys on top
+    (tables merge key by key; arrays and values are replaced); the shipped
+    variants of eval-philly are such files; a bad or cyclic ``extends`` is
+    one line and exit code 2."""
+    base = load_scenario(SCENARIOS / "eval-philly.toml")
+    resc = load_scenario(SCENARIOS / "eval-philly-rescue.toml")
+    assert resc.name == "eval-philly-rescue"
+    assert resc.peer_overrides == {**base.peer_overrides, "queue_etas": True}
+    assert resc.client_overrides == {**base.client_overrides, "rescue_gain": 0.5}
+    assert (resc.swarm, resc.churn, resc.network, resc.trace) == (base.swarm, base.churn, base.network, base.trace)
+    rerun = load_scenario(SCENARIOS / "eval-philly-rerun.toml")
+    assert rerun.peer_overrides == {**base.peer_overrides, "rerun_room": True}
+    (tmp_path / "a.toml").write_text((SCENARIOS / "smoke-20.toml").read_text())
+    (tmp_path / "b.toml").write_text('extends = "a.toml"\nname = "b"\n[[swarm]]\nprofile = "datacenter-a100"\ncount = 3\n'
+                                     '[network]\nloss = 0.1\n')
+    a, b = load_scenario(tmp_path / "a.toml"), load_scenario(tmp_path / "b.toml")
+    assert [(g.profile, g.count) for g in b.swarm] == [("datacenter-a100", 3)]
+    assert b.network.loss == 0.1 and b.network.intra_ms == a.network.intra_ms
+    (tmp_path / "c.toml").write_text('extends = "d.toml"\n')
+    (tmp_path / "d.toml").write_text('extends = "c.toml"\n')
+    (tmp_path / "e.toml").write_text('extends = "../smoke-20.toml"\n')
+    for name, says in (("c.toml", "a cycle"), ("e.toml", "in the same directory")):
+        assert main(["run", str(tmp_path / name)]) == 2
+        assert says in capsys.readouterr().err
