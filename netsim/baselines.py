@@ -32,10 +32,13 @@ Common rules, so the comparison is about placement only:
 
 * the frequency level of a shard on a peer is ``core.energy.choose_level``
   with the peer's profile config (the rule a fedswarm peer applies,
-  deadline included; ``race_to_idle`` from the scenario's ``[peer]``), but
-  without the room for a re-run that a fedswarm peer's ``rerun_room``
-  reserves (``rerun_reserve_s`` unset): the baselines slow a shard down to
-  the deadline margin alone, as a fedswarm peer does by default;
+  deadline included; ``race_to_idle`` and ``rerun_room`` from the
+  scenario's ``[peer]``). With ``rerun_room`` (off by default) a shard
+  with a deadline runs below the top clock only if a crash at the end of
+  its run, noticed ``lease_s`` later (the heartbeat timeout below), leaves
+  time to run it again at the top clock, as on a fedswarm peer. (``netsim
+  compare --policies fedswarm-rerun`` turns it on for fedswarm's peers
+  alone; ``[peer] rerun_room = true`` turns it on for every policy);
 * scheduling messages cross the scenario's network: each one takes the
   one-way latency of its link (the same per-link draw as fedswarm's
   messages, plus exponential jitter), and none is lost. ``centralized``,
@@ -289,7 +292,8 @@ class BaselineSim:
         if deadline is not None and tj.chain:  # as PeerCore._on_cfb: this shard's share
             deadline /= max(tj.shards - shard, 1)
         c = choose_level(p.cfg.power, work, start_s=0.0, deadline_s=deadline, lam=0.0,
-                         carbon_g_kwh=p.cfg.carbon_g_kwh, time_weight=tj.weight, race_to_idle=p.cfg.race_to_idle)
+                         carbon_g_kwh=p.cfg.carbon_g_kwh, time_weight=tj.weight, race_to_idle=p.cfg.race_to_idle,
+                         rerun_reserve_s=self.detect_s if p.cfg.rerun_room else None)
         return c.level, c.run_s
 
     def _start(self, p: _Peer, jid: str, shard: int, *, held: bool = False) -> None:

@@ -102,15 +102,21 @@ def test_fedswarm_rerun_turns_the_rerun_room_on():
     # 30 s shards with a 75 s deadline: the 0.6 clock (50 s) fits 0.8 x 75 s,
     # but a re-run after a crash at its end (30 s more, after the lease) does
     # not: fedswarm-rerun runs them faster than fedswarm, slower than the race
-    sc = make_scenario(
-        swarm=[{"profile": "datacenter-a100", "count": 2}, {"profile": "workstation-rtx4090", "count": 2}],
-        client={"verify": "none"}, max_time_s=3000,
-    )
+    swarm = [{"profile": "datacenter-a100", "count": 2}, {"profile": "workstation-rtx4090", "count": 2}]
+    sc = make_scenario(swarm=swarm, client={"verify": "none"}, max_time_s=3000)
     jobs = [TraceJob(f"j{i}", "ab"[i % 2], 5.0 * i, 4, 1, 30.0, deadline_s=75.0) for i in range(6)]
-    runs = {p: run_policy(sc, 1, p, jobs)["summary"] for p in ("fedswarm", "fedswarm-rerun", "fedswarm-race")}
+    pols = ("fedswarm", "fedswarm-rerun", "fedswarm-race", "centralized")
+    runs = {p: run_policy(sc, 1, p, jobs)["summary"] for p in pols}
     assert all(r["shards_completed"] == 24 for r in runs.values())
     assert runs["fedswarm"]["energy_busy_j"] < runs["fedswarm-rerun"]["energy_busy_j"] <= runs["fedswarm-race"][
         "energy_busy_j"]
+    # the baselines apply the scenario's level rule: [peer] rerun_room = true
+    # gives them the room too (fedswarm-rerun does not: it is fedswarm's alone)
+    room = make_scenario(swarm=swarm, client={"verify": "none"}, peer={"rerun_room": True}, max_time_s=3000)
+    both = {p: run_policy(room, 1, p, jobs)["summary"] for p in ("fedswarm", "centralized")}
+    assert both["fedswarm"] == runs["fedswarm-rerun"]
+    assert both["centralized"]["shards_completed"] == 24
+    assert runs["centralized"]["energy_busy_j"] < both["centralized"]["energy_busy_j"]
 
 
 def test_philly_conversion(tmp_path):
