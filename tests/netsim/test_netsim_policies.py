@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedswarm.core.energy import DEADLINE_MARGIN, PowerModel, choose_level, leaves_rerun_room
+from netsim.baselines import BaselineSim
 from netsim.compare import run_policy
 from netsim.traces import convert_philly, replicate
 from netsim.workload import TraceJob, read_trace, write_trace
@@ -117,6 +118,28 @@ def test_fedswarm_rerun_turns_the_rerun_room_on():
     assert both["fedswarm"] == runs["fedswarm-rerun"]
     assert both["centralized"]["shards_completed"] == 24
     assert runs["centralized"]["energy_busy_j"] < both["centralized"]["energy_busy_j"]
+
+
+def test_the_centralized_scheduler_raises_slowed_shards_while_work_waits():
+    # one A100 peer (8 slots): j0's 8 shards of 30 s with a 75 s deadline
+    # start at the 0.6 clock (50 s); alone they keep it. With 8 more shards
+    # arriving 5 s later and no slot free, the scheduler raises the running
+    # ones to full clock, as a fedswarm peer does when work queues behind them
+    sc = make_scenario(swarm=[{"profile": "datacenter-a100", "count": 1}], client={"verify": "none"},
+                       churn={"crash_fraction": 0.0}, max_time_s=3000)
+    first = TraceJob("j0", "a", 0.0, 8, 1, 30.0, deadline_s=75.0)
+
+    def run(jobs: list[TraceJob]) -> tuple[BaselineSim, dict[str, float]]:
+        b = BaselineSim(sc, 1, "centralized", jobs=jobs)
+        b.run()
+        return b, {j["job_id"]: j["jct_s"] for j in b.results()["jobs"]}
+
+    alone, jct = run([first])
+    assert alone.levels_raised == 0 and 50.0 < jct["j0"] < 51.0
+    busy, jct2 = run([first, TraceJob("j1", "b", 5.0, 8, 1, 30.0)])
+    assert busy.levels_raised == 8
+    # 5 s at 0.6 (3 s of work), the other 27 s at full clock: 32 s
+    assert 32.0 < jct2["j0"] < 33.0 and jct2["j1"] < jct["j0"] + 30.0
 
 
 def test_philly_conversion(tmp_path):
