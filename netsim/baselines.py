@@ -584,8 +584,7 @@ class BaselineSim:
             return
         free = [p for p in (self.peers[i] for i in self._free_ids) if p.free > 0 and p.rec.alive and not p.rec.leaving]
         if not free:
-            if self._slowed and any(self.st[j].ready for j in self._open_jobs):
-                self._raise_slowed()
+            self._raise_slowed()
             return
         free.sort(key=lambda p: (-p.speed, p.rec.id))
         cap = self.capacity.value
@@ -644,16 +643,17 @@ class BaselineSim:
             if job.ready:
                 heapq.heappush(heap, (-score(job), job.submit_t, jid))
         self._open_jobs = {j for j in self._open_jobs if self.st[j].ready}
-        if self._open_jobs and self._slowed:
-            self._raise_slowed()
+        self._raise_slowed()
 
     def _raise_slowed(self) -> None:
-        """Shards wait for a slot: every run below its peer's top clock goes
-        to the top clock for the rest of its run, as a fedswarm peer raises
-        its slowed shards when work queues behind them (``SetLevel``). The
-        scheduler tells each peer (one message per run raised; applied at
-        once). A raised run's earlier end is a new ``FIN``; the old one
-        finds the run gone."""
+        """If a ready shard waits for a slot after a dispatch: every run below
+        its peer's top clock goes to the top clock for the rest of its run,
+        as a fedswarm peer raises its slowed shards when work queues behind
+        them (``SetLevel``). The scheduler tells each peer (one message per
+        run raised; applied at once). A raised run's earlier end is a new
+        ``FIN``; the old one finds the run gone."""
+        if not self._slowed or not any(self.st[j].ready for j in self._open_jobs):
+            return
         slowed, self._slowed = self._slowed, []
         for pid, key in slowed:
             p = self.peers[pid]

@@ -534,9 +534,10 @@ def _read(p: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(base, str) or not base or Path(base).name != base:
         raise ScenarioError(f"{p}: extends: must name a scenario file in the same directory, e.g. \"eval-philly.toml\"")
     bp = p.parent / base
-    if bp.resolve() in seen or bp.resolve() == p.resolve():
+    seen = (*seen, p.resolve())
+    if bp.resolve() in seen:
         raise ScenarioError(f"{p}: extends: {base} extends this file again (a cycle)")
-    return _merge(_read(bp, (*seen, p.resolve())), data)
+    return _merge(_read(bp, seen), data)
 
 
 def load_scenario(path: str | Path, *, profiles_dir: str | Path | None = None) -> Scenario:

@@ -996,15 +996,17 @@ class PeerCore(Node):
                 out[lease.key] = self._remaining(lease, now) / max(lease.job.gpus, 1)
             elif lease.state == LeaseState.QUEUED:
                 queued.append(lease)
+        if not queued:
+            return out
+        ctx = self._context(now)
         if self.config.queue_etas:
-            if queued:
-                waits = self._queued_waits(self._context(now))
-                for lease in queued:
-                    out[lease.key] = waits[lease.key] + lease.run_s
+            waits = self._queued_waits(ctx)
+            for lease in queued:
+                out[lease.key] = waits[lease.key] + lease.run_s
             return out
         slots = self.config.slots
         ahead = sum(self._remaining(lease, now) for lease in running)
-        for lease in self._queue_order(queued, self._context(now)):
+        for lease in self._queue_order(queued, ctx):
             out[lease.key] = ahead / slots + lease.run_s
             ahead += self._remaining(lease, now)
         return out
