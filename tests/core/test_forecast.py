@@ -46,6 +46,28 @@ def test_an_idle_peer_starts_at_once_and_awards_since_its_state_queue_up() -> No
     assert f.view_wait(spec, e, now) == 0.0 and f.pending(e.peer) == []
 
 
+def test_awards_a_newer_state_counts_are_dropped_whether_or_not_a_forecast_looked_first() -> None:
+    # a client asks for forecasts of some peers and not others, in an order
+    # that once followed a set of peer ids (so the hash seed): the awards
+    # left pending must depend on the states received, not on those calls
+    runs = []
+    for look in (False, True):
+        f, e, spec = _setup(slots=1)
+        now = e.issued_at
+        f.note_award(e.peer, now, (10.0, 1, now, "old", 0, 0))
+        later = now + f.config.bid_window_s + 5.0
+        f.view.merge(e.peer, msgspec.structs.replace(e.state, seq=e.state.seq + 1), later, e.raw, later)
+        e2 = f.view.get(e.peer)
+        assert e2 is not None
+        if look:
+            f.view_wait(spec, e2, later)
+        f.note_award(e.peer, later + 1.0, (10.0, 1, later + 1.0, "new", 0, 0))
+        runs.append((f.pending(e.peer), f.awarded_since(e.peer, now), f.view_wait(spec, e2, later + 1.0)))
+    assert runs[0] == runs[1]
+    assert [a[3] for a in runs[0][0]] == ["new"]  # the newer state counts "old"
+    assert runs[0][1:] == (1, 10.0)
+
+
 def test_a_newer_state_of_the_same_peer_is_read_afresh() -> None:
     # the slot times of a state are kept between rounds; the next state,
     # and a shard that skips the queue, must not be answered from them

@@ -312,3 +312,20 @@ def test_quiet_gossip_sends_fewer_messages_on_an_idle_swarm():
         sim.run_until(600.0)
     assert {r.core.config.gossip_quiet_max for r in quiet.live_peers()} == {8}
     assert quiet.msgs * 4 < loud.msgs
+
+
+def test_a_run_gives_the_same_bytes_under_any_hash_seed(tmp_path):
+    # str hashes differ from process to process: nothing in a run may follow
+    # the iteration order of a set of peer ids (a client's round once did)
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for hs in ("1", "2"):
+        out = tmp_path / f"h{hs}.json"
+        env = {**os.environ, "PYTHONHASHSEED": hs}
+        subprocess.run([sys.executable, "-m", "netsim", "run", str(SCENARIOS / "smoke-20.toml"), "--seed", "3",
+                        "--out", str(out), "-q"], check=True, env=env, capture_output=True)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] and json.loads(outs[0])["summary"]["jobs_completed"] > 0

@@ -877,7 +877,7 @@ class ClientCore(Node):
             if p in sh.exclude or p in self.banned:
                 continue
             best = min(best, position(b, self.forecast.awarded_since(p, at) + early) + b.run_s + self.forecast.transit(p))
-        for p in rnd.invited:
+        for p in sorted(rnd.invited):  # a fixed order: forecasts have side effects
             if p in rnd.bids or p in sh.exclude or p in self.banned:
                 continue
             e = self.view.get(p)
@@ -987,7 +987,7 @@ class ClientCore(Node):
                 # late or a state of it issued after this call arrives (and
                 # is still asked until its bid could not be merely late)
                 silent = self._silent
-                for p in missing:
+                for p in sorted(missing):
                     silent.setdefault(p, rnd.called_at)
                 if len(silent) > 2 * self.config.max_view:
                     self._silent = {p: t for p, t in silent.items() if p in self.view}

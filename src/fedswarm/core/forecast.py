@@ -181,7 +181,7 @@ class Forecaster:
 
     def note_award(self, peer: str, now: float, award: Pending) -> None:
         """This client awarded ``peer`` a shard at ``now``."""
-        pend = self._pending.get(peer)
+        pend = self._held(peer)
         held = pend[1] if pend is not None else []
         if len(held) < MAX_PENDING:
             held.append(award)
@@ -193,7 +193,7 @@ class Forecaster:
         """An award to ``peer`` is over (its result or decline came): it no
         longer holds a slot there in this client's replay of the peer's
         queue, until a newer state would have dropped it anyway."""
-        pend = self._pending.get(peer)
+        pend = self._held(peer)
         if pend is None:
             return
         held = [a for a in pend[1] if not (a[3] == job_id and a[4] == shard and a[5] == attempt)]
@@ -202,12 +202,29 @@ class Forecaster:
 
     def pending(self, peer: str) -> list[Pending]:
         """The awards sent ``peer`` that its state may not show yet."""
-        pend = self._pending.get(peer)
+        pend = self._held(peer)
         return [] if pend is None else pend[1]
 
     def awarded_since(self, peer: str, t: float) -> int:
-        pend = self._pending.get(peer)
+        pend = self._held(peer)
         return 0 if pend is None or pend[0] < t else sum(1 for a in pend[1] if a[2] >= t)
+
+    def _held(self, peer: str, e: ViewEntry | None = None) -> tuple[float, list[Pending]] | None:
+        """``peer``'s entry of ``_pending``, dropped (None) once the view
+        holds a state of it issued a bid window after the last award there:
+        that state counts them. Every reader and writer goes through this,
+        so what they see depends on the states received, never on which
+        forecasts were asked for before (a dropped list used to linger until
+        the next forecast for that peer, and a new award was added to it)."""
+        pend = self._pending.get(peer)
+        if pend is None:
+            return None
+        if e is None:
+            e = self.view.get(peer)
+        if e is not None and e.issued_at > pend[0] + self.config.bid_window_s:
+            del self._pending[peer]  # a newer state already counts them
+            return None
+        return pend
 
     # -- news and staleness ------------------------------------------------
 
@@ -269,13 +286,8 @@ class Forecaster:
     def _awarded(self, e: ViewEntry) -> list[Pending]:
         """This client's awards to ``e``'s peer that its state cannot show
         (read, not copied); dropped once a state newer than them arrives."""
-        pend = self._pending.get(e.peer)
-        if pend is None:
-            return []
-        if e.issued_at > pend[0] + self.config.bid_window_s:
-            del self._pending[e.peer]  # a newer state already counts them
-            return []
-        return pend[1]
+        pend = self._held(e.peer, e)
+        return [] if pend is None else pend[1]
 
     def view_wait(self, spec: JobSpec, e: ViewEntry, now: float, *, queued: bool = True,
                   awards: bool = True) -> float:
