@@ -147,9 +147,10 @@ class BaselineSim:
         self.sched_at = ("scheduler", max(regions, key=lambda r: regions[r]))
         self.client_at = {c.tenant: (c.id, c.region) for c in plan.clients}
         self.detect_s = ClientConfig(**scenario.client_overrides).lease_s
-        #: centralized: runs started below their peer's top clock, which a
-        #: shard left waiting for a slot raises (``_raise_slowed``)
-        self._slowed: list[tuple[str, RunKey]] = []
+        #: centralized: runs going on below their peer's top clock, which a
+        #: shard left waiting for a slot raises (``_raise_slowed``); a run
+        #: leaves it when it ends (``_account``), so it holds running ones only
+        self._slowed: dict[tuple[str, RunKey], None] = {}
         self.levels_raised = 0
         self.q: list[tuple] = []
         self.seq = 0
@@ -325,7 +326,7 @@ class BaselineSim:
         p.rec.runs.start(self.now, e)
         self._push(self.now + run_s, FIN, p.rec.id, (e.tenant, jid, shard, self.gen))
         if self.policy == "centralized" and level < p.cfg.power.allowed_levels()[-1]:
-            self._slowed.append((p.rec.id, run_key(e)))
+            self._slowed[(p.rec.id, run_key(e))] = None
 
     def _take(self, p: _Peer, g: int) -> None:
         p.free -= g
@@ -342,6 +343,7 @@ class BaselineSim:
         scheduler is to hear of it first (``release=False``). Returns its GPUs."""
         ended = p.rec.runs.end(self.now, key)
         assert ended is not None and p.rec.profile is not None
+        self._slowed.pop((p.rec.id, key), None)
         g = ended.gpus
         ck = self.sc.checkpoint_s
         if ck > 0 and ended.effect.run_s > ck:
@@ -654,13 +656,12 @@ class BaselineSim:
         ``FIN``; the old one finds the run gone."""
         if not self._slowed or not any(self.st[j].ready for j in self._open_jobs):
             return
-        slowed, self._slowed = self._slowed, []
+        slowed, self._slowed = self._slowed, {}
         for pid, key in slowed:
             p = self.peers[pid]
             r = p.rec.runs.get(key)
+            assert r is not None  # it would have left _slowed when it ended
             top = p.cfg.power.allowed_levels()[-1]
-            if not p.rec.alive or r is None or r.effect.level >= top:
-                continue
             e = r.effect
             left = r.left(self.now) * e.level / top
             run_s = self.now - r.began + left  # from the run's start, as SetLevel counts it

@@ -1,5 +1,8 @@
 import netsim_helpers  # noqa: F401  (must come first: fixes sys.path)
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import msgspec
@@ -317,10 +320,6 @@ def test_quiet_gossip_sends_fewer_messages_on_an_idle_swarm():
 def test_a_run_gives_the_same_bytes_under_any_hash_seed(tmp_path):
     # str hashes differ from process to process: nothing in a run may follow
     # the iteration order of a set of peer ids (a client's round once did)
-    import os
-    import subprocess
-    import sys
-
     outs = []
     for hs in ("1", "2"):
         out = tmp_path / f"h{hs}.json"
