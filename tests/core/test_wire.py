@@ -17,6 +17,7 @@ from fedswarm.core.wire import (
     KINDS,
     MAX_MESSAGE_BYTES,
     Award,
+    AwardDecline,
     Bid,
     CallForBids,
     Cancel,
@@ -30,6 +31,7 @@ from fedswarm.core.wire import (
     PeerState,
     PowerInfo,
     ShardCheckpoint,
+    SlotOffer,
     ShardResult,
     Span,
     VerifyCache,
@@ -93,6 +95,8 @@ messages = st.one_of(
     st.builds(Award, st.binary(max_size=100), names, small, small, st.floats(0.01, 100), st.floats(0.01, 1),
               st.floats(0.001, 0.999), st.binary(min_size=1, max_size=100)),
     st.builds(ShardCheckpoint, names, small, small, st.floats(0.001, 0.999), st.binary(min_size=1, max_size=100)),
+    st.builds(AwardDecline, names, small, small, st.sampled_from(["late", "leaving", "moved"]), st.just("") | names),
+    st.builds(SlotOffer, st.integers(1, 4096)),
     st.builds(LeaseAck, names, small, small, st.booleans(), pos),
     st.builds(ShardResult, names, small, small, st.booleans(), st.binary(max_size=100), st.text(max_size=20), pos, pos, pos),
     st.builds(Cancel, names, st.lists(small, max_size=5).map(tuple)),
@@ -221,6 +225,14 @@ def test_older_peers_bodies_still_decode() -> None:
         Bid.from_body(bid.to_body()[:10] + [[9.0, 3.0]])  # further waits must ascend
     with pytest.raises(RemoteProtocolError):
         Bid.from_body(bid.to_body()[:10] + [[1.0] * 17])  # at most MAX_BID_NEXT
+    # a decline without ``to`` is an older peer's; one that names no peer
+    # leaves the field out of its bytes
+    moved = AwardDecline("j", 2, 1, "moved", "p" * 52)
+    assert AwardDecline.from_body(moved.to_body()[:4]) == AwardDecline("j", 2, 1, "moved")
+    assert AwardDecline.from_body(moved.to_body()) == moved
+    assert len(AwardDecline("j", 2, 1, "late").to_body()) == 4
+    with pytest.raises(RemoteProtocolError):
+        AwardDecline.from_body(moved.to_body()[:4] + ["p" * 129])  # a peer id is at most 128 characters
 
 
 def test_a_fresh_call_and_award_are_the_bytes_older_clients_sent() -> None:

@@ -57,6 +57,7 @@ __all__ = [
     "Bid",
     "Award",
     "AwardDecline",
+    "SlotOffer",
     "LeaseRenew",
     "LeaseAck",
     "ShardResult",
@@ -350,11 +351,21 @@ class Award(Message, frozen=True):
 
 
 class AwardDecline(Message, frozen=True):
+    """Peer -> client: this peer will not run (or no longer holds) a shard.
+
+    ``reason`` says why ("late", "leaving", "moved", or why it cannot serve
+    the job). ``to``, with "moved": a peer that this one's view showed idle
+    and that would finish the queued shard sooner; the client invites it to
+    the shard's next round. Left out of the bytes when empty
+    (``OMIT_DEFAULT_TAIL``), which is then the decline an older peer sends."""
+
     KIND: ClassVar[int] = 7
+    OMIT_DEFAULT_TAIL: ClassVar[bool] = True
     job_id: Name
     shard: ShardNo
     attempt: ShardNo
     reason: Text256
+    to: Annotated[str, Meta(max_length=128)] = ""
 
 
 class LeaseRenew(Message, frozen=True):
@@ -456,6 +467,18 @@ class ShardCheckpoint(Message, frozen=True):
     state: Annotated[bytes, Meta(min_length=1, max_length=MAX_CHECKPOINT_BYTES)]
 
 
+class SlotOffer(Message, frozen=True):
+    """Peer -> peer: the sender has ``free`` slots and nothing queued.
+
+    Its receiver hands queued shards that would finish sooner there back to
+    their clients with an ``AwardDecline("moved", to=sender)``; it sends
+    nothing back otherwise. The late binding of a central queue, pulled by
+    the peer whose slot freed (``PeerCore``, "Slot offers")."""
+
+    KIND: ClassVar[int] = 17
+    free: Annotated[int, Meta(ge=1, le=4096)]
+
+
 KINDS: dict[int, type[Message]] = {
     c.KIND: c
     for c in (
@@ -475,6 +498,7 @@ KINDS: dict[int, type[Message]] = {
         LeaseRenewBatch,
         LeaseAckBatch,
         ShardCheckpoint,
+        SlotOffer,
     )
 }
 
