@@ -25,8 +25,8 @@ import fedswarm.core as core
 REPO = Path(__file__).resolve().parents[2]
 
 # (scenario file, seed, peers (0: as written)): every fault kind, churn,
-# partitions, duplicated and reordered messages, LLM sessions, and a
-# sampled-ranking run with churn
+# partitions, duplicated and reordered messages, LLM sessions, slot offers
+# moving queued shards, and a sampled-ranking run with churn
 RUNS = [
     ("smoke-20.toml", 3, 0),
     ("fault-crash.toml", 1, 0),
@@ -39,6 +39,7 @@ RUNS = [
     ("llm-small.toml", 1, 0),
     ("dup-reorder-20.toml", 2, 0),
     ("leave-20.toml", 1, 0),
+    ("offers-30.toml", 2, 0),
     ("scale-10k.toml", 1, 300),
 ]
 

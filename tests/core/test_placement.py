@@ -215,9 +215,11 @@ def _stale_view_run(max_rebids: int = 2, *, b_work: float = 400.0, a_work: float
     (``b_work`` / 4), and with ``slow_after`` the 2 slow ones' throughput
     drops to that. A then submits a short shard (``a_work`` / 4 s on a fast
     peer) and invites the one peer its view ranks first. Returns A's JCT
-    and second looks; ``seen`` gets the swarm, client A and its job id."""
+    and second looks; ``seen`` gets the swarm, client A and its job id.
+    (Slot offers are off: an idle slow peer's offer would move the queued
+    shard; ``test_an_idle_peers_slot_offer_moves_a_shard_that_waits_behind_a_long_one``.)"""
     s = MiniSwarm(4, seed=21, peer_config=lambda i: PeerConfig(slots=1, throughput={"*": 4.0 if i < 2 else 1.0},
-                                                               queue_etas=True),
+                                                               queue_etas=True, offer_interval_s=0.0),
                   client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 30)
     a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=30.0, max_rebids=max_rebids,
@@ -591,16 +593,18 @@ def test_a_peer_declines_an_award_it_can_no_longer_start_near_its_bid() -> None:
     assert declined == 0 and on != fast and took < 12.0
 
 
-def _slipped_run(decline_late_s: float, rescue_gain: float = 0.0) -> tuple[float, int, bool]:
+def _slipped_run(decline_late_s: float, rescue_gain: float = 0.0, offer_interval_s: float = 0.0,
+                 slow: float = 0.2, stats: dict[str, int] | None = None) -> tuple[float, int, bool]:
     """Client A's 36 s shard runs on the fast single-slot peer F; A's 10 s
     shard X queues behind it (the other peer, S, would take 50 s). Client B
     then gives F three urgent 20 s shards, which only F serves: they jump
     F's queue and X's start slips from 36 s to 96 s. (Rescues are off
-    unless asked for: this is about what the peer does.)"""
+    unless asked for, and so are slot offers: this is about the hand-back.)"""
     seed = 8
     a_id = ident(10_001, seed).peer_id
     s = MiniSwarm(2, seed=seed, peer_config=lambda i: PeerConfig(
-        slots=1, throughput={"*": 1.0 if i == 0 else 0.2}, decline_late_s=decline_late_s,
+        slots=1, throughput={"*": 1.0 if i == 0 else slow}, decline_late_s=decline_late_s,
+        offer_interval_s=offer_interval_s,
         allowed_tenants=None if i == 0 else frozenset({a_id})),
         client_config=ClientConfig(verify="none", rescue_gain=rescue_gain))
     fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 1.0)
@@ -617,7 +621,39 @@ def _slipped_run(decline_late_s: float, rescue_gain: float = 0.0) -> tuple[float
     urgent = s.submit(b, JobRequest("sim", 3, work_s=20.0, deadline_s=55.0))
     s.step_until(s.now + 300, stop=lambda: x in s.finished)
     ran = {d.job_id: d.peer for d in s.delivered}
+    if stats is not None:
+        other = next(pid for pid in s.peers if pid != fast)
+        stats.update(moved=s.peers[fast].stats["shards_moved"], offers=s.peers[other].stats["slot_offers_sent"],
+                     offers_to_fast=s.peers[fast].stats["slot_offers_received"],
+                     declines_moved=a.stats["declines_moved"])
     return s.now - t0, s.peers[fast].stats["shards_handed_back_late"], ran[x] == fast
+
+
+def test_an_idle_peers_slot_offer_moves_a_shard_that_waits_behind_a_long_one() -> None:
+    # as in the hand-back test below, with the hand-back off and slot offers
+    # on: the idle slow peer S offers its slot to F, whose state shows a
+    # queue; X would finish on S in 50 s, against some 95 s in F's queue,
+    # so F hands X back naming S, and A's next round invites S. (S, idle
+    # since its start, has backed off to an offer every 32 s: X moves some
+    # 30 s after its slip)
+    seen: dict[str, int] = {}
+    took, handed, on_fast = _slipped_run(0.0, offer_interval_s=2.0, stats=seen)
+    assert not on_fast and handed == 0 and took < 90.0
+    assert seen["moved"] == 1 and seen["declines_moved"] == 1 and seen["offers"] >= 1
+    # a peer that would take longer than the queue (100 s at 0.1) is
+    # offered nothing: X waits its turn on F
+    seen.clear()
+    took, handed, on_fast = _slipped_run(0.0, offer_interval_s=2.0, slow=0.1, stats=seen)
+    assert on_fast and took > 95.0
+    assert seen["moved"] == 0 and seen["declines_moved"] == 0 and seen["offers_to_fast"] >= 1
+
+
+def test_an_idle_swarm_sends_no_slot_offers() -> None:
+    # no peer's state shows a queue: idle peers wake to offer, and send nothing
+    s = MiniSwarm(6, seed=3, peer_config=lambda i: PeerConfig(offer_interval_s=2.0),
+                  client_config=ClientConfig(verify="none"))
+    s.step_until(s.now + 300)
+    assert sum(p.stats["slot_offers_sent"] + p.stats["slot_offers_received"] for p in s.peers.values()) == 0
 
 
 def test_a_peer_hands_back_a_queued_shard_whose_start_slipped_far_past_its_bid() -> None:
@@ -778,9 +814,11 @@ def _old_free_states_run(stale_gain: float, rescue_gain: float = 0.0) -> tuple[f
     worse than the view promised elsewhere: a second look. Returns the
     job's time from submit to result, whether a slow peer ran it, the
     largest staleness A learnt and A's second looks. (Rescues are off by
-    default: one would move the shard once its holder said it was queued.)"""
+    default: one would move the shard once its holder said it was queued;
+    so would a slow peer's slot offer, off here.)"""
     s = MiniSwarm(8, seed=21, peer_config=lambda i: PeerConfig(
-        slots=1, throughput={"*": 4.0 if i < 6 else 2.0}, state_ttl_s=300.0, state_refresh_s=300.0 if i < 6 else 5.0),
+        slots=1, throughput={"*": 4.0 if i < 6 else 2.0}, state_ttl_s=300.0, state_refresh_s=300.0 if i < 6 else 5.0,
+        offer_interval_s=0.0),
         client_config=ClientConfig(verify="none"))
     s.step_until(s.now + 30)
     a = s.add_client(1, probe_min=1, probe_ratio=1.0, explore_ratio=0.0, gossip_interval_s=120.0, max_rebids=1,

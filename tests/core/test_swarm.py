@@ -420,6 +420,8 @@ def _every_lease_scanned(p: PeerCore) -> float:
         t = min(t, p._last_gossip_at + p.config.gossip_interval_s)
     for lease in p.leases.values():
         t = min(t, lease.next_renew_at, lease.last_ack_at + p._grace(lease) + 1e-6)
+    if p._may_offer():
+        t = min(t, p._next_offer)  # an idle slot's next offer
     return min([t, *(ob.next_at for ob in p.outbox.values())])
 
 

@@ -100,6 +100,20 @@ def test_caches_do_not_change_results(monkeypatch):
     assert len(signatures(plain)) == len(plain.cache._seen) > 100
 
 
+def replayed_once(sc, seed):
+    """Run ``sc()`` three times (twice with the caches, once without): the
+    same bytes each time, every shard delivered once. Returns the results."""
+    runs = []
+    for fast in (True, True, False):
+        sim = Simulator(sc(), seed, fast=fast)
+        sim.run()
+        runs.append(dumps_results(sim.results()))
+    assert runs[0] == runs[1] == runs[2]
+    res = json.loads(runs[0])
+    assert_exactly_once(res)
+    return res
+
+
 def test_sampled_ranking_and_batched_renewals_replay_exactly_and_deliver_once():
     # rank_max = 8 of 30 peers: every round ranks a seeded sample; renew_batch:
     # one renewal message per (peer, client); the same seed gives the same
@@ -108,16 +122,26 @@ def test_sampled_ranking_and_batched_renewals_replay_exactly_and_deliver_once():
         return make_scenario(swarm=SWARM, workload=WORK, max_time_s=5000, network={"loss": 0.01},
                              client={"rank_max": 8}, peer={"renew_batch": True})
 
-    runs = []
-    for fast in (True, True, False):
-        sim = Simulator(sc(), 7, fast=fast)
-        sim.run()
-        runs.append(dumps_results(sim.results()))
-    assert runs[0] == runs[1] == runs[2]
-    res = json.loads(runs[0])
-    assert_exactly_once(res)
+    res = replayed_once(sc, 7)
     assert res["network"]["by_kind"]["LeaseRenewBatch"] > 0
     assert res["network"]["by_kind"]["LeaseAckBatch"] > 0
+
+
+def test_slot_offers_move_queued_shards_replay_exactly_and_deliver_once():
+    # offers on, under loss and crashes: idle peers offer their slots, busy
+    # ones hand queued shards back naming them ("moved"), and their clients
+    # place them again; the same seed gives the same bytes with or without
+    # the caches, and every shard is delivered once
+    def sc():
+        return make_scenario(swarm=SWARM, workload=WORK, max_time_s=5000, network={"loss": 0.02},
+                             churn={"crash_fraction": 0.1, "crash_window_s": [20, 120]},
+                             peer={"offer_interval_s": 2.0, "gossip_interval_s": 2.0})
+
+    res = replayed_once(sc, 7)
+    assert res["peers"]["crashed"] == 3
+    assert res["network"]["by_kind"]["SlotOffer"] > 0
+    moved = res["core_stats"]["shards_moved"]
+    assert moved > 0 and res["core_stats"]["declines_moved"] == moved
 
 
 def test_auction_under_loss_duplication_reorder_and_crashes():

@@ -266,6 +266,9 @@ class _Job:
     rebids: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     resumable: int = 0  # shards holding a checkpoint (``_Shard.resume``)
+    # peers that holders named when they moved a queued shard of this job
+    # ("moved" declines): invited to its next round besides the ranked picks
+    moved_to: set[str] = field(default_factory=set)
 
 
 class ClientCore(Node):
@@ -748,6 +751,11 @@ class ClientCore(Node):
         want = max(int(math.ceil(cfg.probe_ratio * need)), cfg.probe_min) << job.rebids
         want = min(want + excluded, cfg.probe_max, len(cands))
         invited = self._pick(job.spec, cands, want, now, stale=job.rebids > 0)
+        if job.moved_to:
+            # the holder saw these idle: they bid beside the usual picks, and
+            # the bids decide (one may have filled up meanwhile)
+            invited.extend(p for p in sorted(job.moved_to) if p not in invited and p not in self.banned)
+            job.moved_to.clear()
         if any(s.candidates for s in open_):
             # a second opinion from a trusted peer settles a shard at once and
             # makes a caught liar's accusation believable to the whole swarm
@@ -1250,6 +1258,9 @@ class ClientCore(Node):
         if sh.rescue is not None and sh.rescue.attempt == msg.attempt:
             sh.rescue = None  # the queued attempt was handed back: the auction goes on without it
         if not job.finished and sh.state == ShardState.AWARDED and sh.attempt == msg.attempt:
+            if msg.reason == "moved" and msg.to and msg.to != signed.author:
+                job.moved_to.add(msg.to)
+                self.stats["declines_moved"] += 1
             self._reopen(job, sh)
             return self._advance(now, job)
         return []

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A peer does five things, all driven by ``handle(now, input)`` and
+A peer does six things, all driven by ``handle(now, input)`` and
 ``poll(now)``, all returning effects:
 
 1. **Gossip.** Every ``gossip_interval_s`` it sends ``gossip_fanout`` peers
@@ -66,12 +66,24 @@ A peer does five things, all driven by ``handle(now, input)`` and
    timeout (its round trip as timed on renewals and result acks, plus four
    deviations), doubling up to ``result_retry_s``. The GPU-seconds go into
    the tenant ledger, whose own row rides in the next ``PeerState``.
+6. **Slot offers** (``offer_interval_s`` > 0; off by default). With a free
+   slot and nothing queued, a peer sends ``SlotOffer`` to the view's peer
+   with the most queued work per slot: at once when a slot frees, then
+   every ``offer_interval_s`` times a factor that doubles per offer (up to
+   ``offer_backoff_max``) until an award or a freed slot resets it; no
+   peer is offered twice within four intervals, and a view with no queue
+   in it sends nothing. On an offer, the peer hands back the queued shards
+   that would finish sooner at the offerer than here by more than
+   ``move_margin_s`` plus ``move_margin_ratio`` of the run there, up to
+   the slots offered (``AwardDecline`` "moved", ``to`` the offerer), and
+   the client invites the offerer to their next round.
 
 Lease states per (tenant, job, shard, attempt)::
 
     (award) -> QUEUED -> RUNNING -> (finished: result outbox) -> gone
                QUEUED/RUNNING --(revoked | cancel | abandoned | leave)--> gone
                QUEUED --(its start slipped far past the promise: handed back)--> gone
+               QUEUED --(an idle peer's slot offer would finish it sooner: handed back)--> gone
 
 ``_TRANSITIONS`` below is the table; ``_move`` is the only place a lease
 changes state, and an illegal move is a ``LocalProtocolError`` (a bug).
@@ -132,6 +144,7 @@ from .wire import (
     PowerInfo,
     ResultAck,
     ShardCheckpoint,
+    SlotOffer,
     ShardResult,
     Signed,
     VerifyCache,
@@ -317,6 +330,11 @@ class PeerCore(Node):
         self._tenant_load: dict[str, float] = {}
         #: (tenant, job_id) -> when our last bid said its shard would start
         self._promised: dict[tuple[str, str], float] = {}
+        # slot offers: when the next may go, the factor its interval grows
+        # by while offers bring no award, and when each peer was last offered
+        self._next_offer = 0.0
+        self._offer_backoff = 1
+        self._offered: dict[str, float] = {}
         #: the lease the last award granted (``Award.lease_s``): how long a
         #: crash of ours would go unnoticed near the end of a run, reserved
         #: by the level rule (``rerun_room``); 0 until the first award
@@ -335,6 +353,11 @@ class PeerCore(Node):
         self.started = True
         self._loud_until = now + self.config.state_ttl_s
         self._next_gossip = now + self.rng.uniform(0, self.config.gossip_interval_s)
+        # a new peer's view holds only itself: its first offer is due one
+        # interval on, the next two later (as after an offer that found no
+        # taker)
+        self._next_offer = now + self.config.offer_interval_s
+        self._offer_backoff = 2
         self._refresh_state(now, force=True)
         # A join is told to the bootstrap peers only, who answer with up to
         # ``join_pull`` entries of their view; rumour gossip carries it on
@@ -440,6 +463,89 @@ class PeerCore(Node):
                 out.append(self._send(ob.client, ob.msg, now))
                 self.stats["results_resent"] += 1
         out.extend(self._schedule(now))
+        if cfg.offer_interval_s > 0 and now >= self._next_offer:
+            out.extend(self._offer_slots(now))
+        return out
+
+    # ------------------------------------------------------------------
+    # slot offers
+
+    def _may_offer(self) -> bool:
+        """A free slot, nothing queued, offers on, not leaving."""
+        return (self._busy_slots < self.config.slots and self.config.offer_interval_s > 0 and not self.leaving
+                and self._queued == 0)
+
+    def _offer_slots(self, now: float) -> list[Effect]:
+        """Offer our free slots to the peer whose state shows the most queued
+        work per slot (its backlog less what runs), skipping peers offered
+        within the last four intervals. The next offer comes one interval
+        later, times a factor that doubles with each offer (up to
+        ``offer_backoff_max``) until an award or a freed slot resets it."""
+        cfg = self.config
+        self._next_offer = now + cfg.offer_interval_s * self._offer_backoff
+        if not self._may_offer():
+            return []
+        self._offer_backoff = min(2 * self._offer_backoff, cfg.offer_backoff_max)
+        best, score = "", 0.0
+        cool = 4 * cfg.offer_interval_s
+        for e in self.view.live(now):
+            if e.peer == self.id:
+                continue
+            st = e.state
+            queued_s = st.backlog_s * st.slots - sum(st.free_s)  # free_s: what runs, per slot
+            if queued_s <= cfg.move_margin_s:
+                continue
+            last = self._offered.get(e.peer)
+            if last is not None and now - last < cool:
+                continue
+            per_slot = queued_s / st.slots
+            if per_slot > score:
+                best, score = e.peer, per_slot
+        if not best:
+            return []
+        self._offered[best] = now
+        if len(self._offered) > 4096:
+            self._offered = forget_oldest(self._offered, 2048)
+        self.stats["slot_offers_sent"] += 1
+        return [self._send(best, SlotOffer(cfg.slots - self._busy_slots), now)]
+
+    def _on_offer(self, now: float, author: str, msg: SlotOffer) -> list[Effect]:
+        """``author`` has ``msg.free`` idle slots: hand back to their clients,
+        in queue order, the queued shards that would finish sooner there
+        (its run at its stated throughput, from now) than here (their wait
+        in our queue, then their run) by more than the margin, naming
+        ``author``. The client's next round invites it beside its usual
+        picks, and the bids decide. Nothing is sent back to ``author``."""
+        self.stats["slot_offers_received"] += 1
+        e = self.view.get(author)
+        if e is None or e.state.leaving or self.leaving:
+            return []
+        queued = [x for x in self.leases.values() if x.state == LeaseState.QUEUED]
+        if not queued:
+            return []
+        cfg = self.config
+        ctx = self._context(now)
+        waits = self._queued_waits(ctx)
+        thr = e.state.throughput
+        n = msg.free
+        out: list[Effect] = []
+        for lease in self._queue_order(queued, ctx):
+            if n <= 0:
+                break
+            job = lease.job
+            g = max(job.gpus, 1)
+            if g > n or g > e.state.slots or (job.task not in thr and "*" not in thr):
+                continue
+            there = run_time(job, thr) * lease.left
+            here = waits[lease.key] + lease.run_s
+            if there + cfg.move_margin_s + cfg.move_margin_ratio * there >= here:
+                continue
+            self._drop(lease)
+            t, j, s, a = lease.key
+            out.append(self._send(t, AwardDecline(j, s, a, "moved", author), now))
+            self.stats["shards_moved"] += 1
+            n -= g
+            waits = self._queued_waits(ctx)
         return out
 
     def next_deadline(self) -> float:
@@ -458,6 +564,8 @@ class PeerCore(Node):
             heapq.heappop(heap)  # a lease gone, or a time since moved
         for ob in self.outbox.values():
             t = min(t, ob.next_at)
+        if self._may_offer():
+            t = min(t, self._next_offer)
         return t
 
     def _lease_due(self, lease: _Lease) -> float:
@@ -705,6 +813,8 @@ class PeerCore(Node):
             if isinstance(msg, Accusation):
                 self._handle_accusation(now, signed, msg)
                 return []
+            if isinstance(msg, SlotOffer):
+                return self._on_offer(now, signed.author, msg)
             raise RemoteProtocolError("unexpected-kind", type(msg).__name__)
         except RemoteProtocolError as exc:
             self.rejected[exc.reason] += 1
@@ -943,6 +1053,7 @@ class PeerCore(Node):
             resume=award.resume,
         )
         self.leases[key] = lease
+        self._offer_backoff = 1  # offers found work again
         self._tenant_load[tenant] = self._tenant_load.get(tenant, 0.0) + run_s * max(job.gpus, 1)
         self.stats["shards_won"] += 1
         out: list[Effect] = []
@@ -1258,6 +1369,10 @@ class PeerCore(Node):
         self.outbox[key] = _Outbox(lease.tenant, msg, now + wait, self.config.result_retries, now, wait)
         out: list[Effect] = [self._send(lease.tenant, msg, now)]
         out.extend(self._schedule(now))
+        if self.config.offer_interval_s > 0:
+            # a slot freed: offer it at once if nothing here takes it
+            self._offer_backoff = 1
+            self._next_offer = min(self._next_offer, now)
         return out
 
     def _on_leave(self, now: float) -> list[Effect]:
