@@ -37,6 +37,7 @@ Schema (every table optional except ``devices``; unknown keys are errors)::
     fairness_knob = 1.0
     race_to_idle = false
     rerun_room = false                # true: slow down only with room for a re-run
+    offer_interval_s = 0.0            # > 0: offer free slots to queued peers (slot offers)
     max_backlog_s = inf               # optional
     tenant_cap_s = inf                # optional
 
@@ -151,6 +152,7 @@ _MAPPED = {
         "fairness_knob": "fairness_knob",
         "race_to_idle": "race_to_idle",
         "rerun_room": "rerun_room",
+        "offer_interval_s": "offer_interval_s",
         "max_backlog_s": "max_backlog_s",
         "tenant_cap_s": "tenant_cap_s",
         "ledger_tau_s": "ledger_tau_s",
@@ -288,7 +290,8 @@ def parse_profile(data: dict[str, Any], *, name: str = "", src: str = "<profile>
             elif fname in _INT_FIELDS:
                 policy[fname] = c.int_(v, full, 0 if fname != "max_view" else 1)
             else:
-                policy[fname] = c.num(v, full, 0, math.inf, lo_open=fname not in ("fairness_knob", "checkpoint_min_s"))
+                policy[fname] = c.num(v, full, 0, math.inf, lo_open=fname not in ("fairness_knob", "checkpoint_min_s",
+                                                                                "offer_interval_s"))
     if "fairness_knob" in policy and policy["fairness_knob"] > 1:
         raise c.err("policy.fairness_knob", "must be in [0, 1]")
 

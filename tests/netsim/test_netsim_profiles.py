@@ -43,6 +43,9 @@ def test_minimal_and_policy():
     # the level rule leaves room for a re-run only when the profile asks
     assert cfg.rerun_room is False
     assert parse_profile({**BASE, "policy": {"rerun_room": True}}, name="m").peer_config().rerun_room is True
+    # slot offers are off unless the profile sets an interval
+    assert cfg.offer_interval_s == 0.0
+    assert parse_profile({**BASE, "policy": {"offer_interval_s": 2.0}}, name="m").peer_config().offer_interval_s == 2.0
     # how often a running shard's checkpoints go out: 0 sends each one
     assert cfg.checkpoint_min_s == 10.0
     for every in (0, 2.5):
@@ -65,6 +68,7 @@ def test_minimal_and_policy():
         ({"policy": {"queue_policy": "lottery"}}, "queue_policy"),
         ({"policy": {"rerun_room": 1}}, "true or false"),
         ({"lease": {"checkpoint_min_s": -1}}, "checkpoint_min_s"),
+        ({"policy": {"offer_interval_s": -2}}, "offer_interval_s"),
         ({"throughput": {"*": -1}}, "throughput"),
         ({"energy_price": "cheap"}, "must be a number"),
     ],
