@@ -38,6 +38,8 @@ Schema (every table optional except ``devices``; unknown keys are errors)::
     race_to_idle = false
     rerun_room = false                # true: slow down only with room for a re-run
     offer_interval_s = 0.0            # > 0: offer free slots to queued peers (slot offers)
+    offer_backoff_max = 16            # an idle peer's offers slow down to 1 per this many intervals
+    offer_max_ratio = 0.0             # > 0: no offers to peers more than this many times faster
     max_backlog_s = inf               # optional
     tenant_cap_s = inf                # optional
 
@@ -153,6 +155,8 @@ _MAPPED = {
         "race_to_idle": "race_to_idle",
         "rerun_room": "rerun_room",
         "offer_interval_s": "offer_interval_s",
+        "offer_backoff_max": "offer_backoff_max",
+        "offer_max_ratio": "offer_max_ratio",
         "max_backlog_s": "max_backlog_s",
         "tenant_cap_s": "tenant_cap_s",
         "ledger_tau_s": "ledger_tau_s",
@@ -175,7 +179,8 @@ _MAPPED = {
         "checkpoint_min_s": "checkpoint_min_s",
     },
 }
-_INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "join_pull", "gossip_quiet_max", "result_retries"}
+_INT_FIELDS = {"gossip_fanout", "gossip_entries", "max_view", "join_pull", "gossip_quiet_max", "result_retries",
+               "offer_backoff_max"}
 _BOOL_FIELDS = {"race_to_idle", "rerun_room"}
 _STR_FIELDS = {"queue_policy"}
 
@@ -288,10 +293,10 @@ def parse_profile(data: dict[str, Any], *, name: str = "", src: str = "<profile>
             elif fname in _STR_FIELDS:
                 policy[fname] = c.str_(v, full, QUEUE_POLICIES)
             elif fname in _INT_FIELDS:
-                policy[fname] = c.int_(v, full, 0 if fname != "max_view" else 1)
+                policy[fname] = c.int_(v, full, 1 if fname in ("max_view", "offer_backoff_max") else 0)
             else:
                 policy[fname] = c.num(v, full, 0, math.inf, lo_open=fname not in ("fairness_knob", "checkpoint_min_s",
-                                                                                "offer_interval_s"))
+                                                                                "offer_interval_s", "offer_max_ratio"))
     if "fairness_knob" in policy and policy["fairness_knob"] > 1:
         raise c.err("policy.fairness_knob", "must be in [0, 1]")
 

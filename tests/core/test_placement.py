@@ -594,7 +594,8 @@ def test_a_peer_declines_an_award_it_can_no_longer_start_near_its_bid() -> None:
 
 
 def _slipped_run(decline_late_s: float, rescue_gain: float = 0.0, offer_interval_s: float = 0.0,
-                 slow: float = 0.2, stats: dict[str, int] | None = None) -> tuple[float, int, bool]:
+                 slow: float = 0.2, stats: dict[str, int] | None = None, offer_max_ratio: float = 0.0
+                 ) -> tuple[float, int, bool]:
     """Client A's 36 s shard runs on the fast single-slot peer F; A's 10 s
     shard X queues behind it (the other peer, S, would take 50 s). Client B
     then gives F three urgent 20 s shards, which only F serves: they jump
@@ -604,7 +605,7 @@ def _slipped_run(decline_late_s: float, rescue_gain: float = 0.0, offer_interval
     a_id = ident(10_001, seed).peer_id
     s = MiniSwarm(2, seed=seed, peer_config=lambda i: PeerConfig(
         slots=1, throughput={"*": 1.0 if i == 0 else slow}, decline_late_s=decline_late_s,
-        offer_interval_s=offer_interval_s,
+        offer_interval_s=offer_interval_s, offer_max_ratio=offer_max_ratio,
         allowed_tenants=None if i == 0 else frozenset({a_id})),
         client_config=ClientConfig(verify="none", rescue_gain=rescue_gain))
     fast = next(pid for pid, p in s.peers.items() if p.config.throughput["*"] == 1.0)
@@ -646,6 +647,18 @@ def test_an_idle_peers_slot_offer_moves_a_shard_that_waits_behind_a_long_one() -
     took, handed, on_fast = _slipped_run(0.0, offer_interval_s=2.0, slow=0.1, stats=seen)
     assert on_fast and took > 95.0
     assert seen["moved"] == 0 and seen["declines_moved"] == 0 and seen["offers_to_fast"] >= 1
+
+
+def test_a_peer_offers_no_slot_to_a_peer_many_times_faster_with_offer_max_ratio() -> None:
+    # S at 0.2 is 5x slower than F: with offer_max_ratio = 2 it offers F
+    # nothing and X waits its turn there; with 6, S offers and X moves to
+    # it, as with no ratio at all
+    seen: dict[str, int] = {}
+    took, _handed, on_fast = _slipped_run(0.0, offer_interval_s=2.0, offer_max_ratio=2.0, stats=seen)
+    assert on_fast and took > 95.0 and seen["offers"] == 0 and seen["moved"] == 0
+    seen.clear()
+    took, _handed, on_fast = _slipped_run(0.0, offer_interval_s=2.0, offer_max_ratio=6.0, stats=seen)
+    assert not on_fast and took < 90.0 and seen["offers"] >= 1 and seen["moved"] == 1
 
 
 def test_an_idle_swarm_sends_no_slot_offers() -> None:

@@ -45,7 +45,9 @@ def test_minimal_and_policy():
     assert parse_profile({**BASE, "policy": {"rerun_room": True}}, name="m").peer_config().rerun_room is True
     # slot offers are off unless the profile sets an interval
     assert cfg.offer_interval_s == 0.0
-    assert parse_profile({**BASE, "policy": {"offer_interval_s": 2.0}}, name="m").peer_config().offer_interval_s == 2.0
+    offers = {"offer_interval_s": 2.0, "offer_backoff_max": 64, "offer_max_ratio": 2.0}
+    got = parse_profile({**BASE, "policy": offers}, name="m").peer_config()
+    assert (got.offer_interval_s, got.offer_backoff_max, got.offer_max_ratio) == (2.0, 64, 2.0)
     # how often a running shard's checkpoints go out: 0 sends each one
     assert cfg.checkpoint_min_s == 10.0
     for every in (0, 2.5):
@@ -69,6 +71,8 @@ def test_minimal_and_policy():
         ({"policy": {"rerun_room": 1}}, "true or false"),
         ({"lease": {"checkpoint_min_s": -1}}, "checkpoint_min_s"),
         ({"policy": {"offer_interval_s": -2}}, "offer_interval_s"),
+        ({"policy": {"offer_backoff_max": 0}}, "offer_backoff_max"),
+        ({"policy": {"offer_max_ratio": -1}}, "offer_max_ratio"),
         ({"throughput": {"*": -1}}, "throughput"),
         ({"energy_price": "cheap"}, "must be a number"),
     ],

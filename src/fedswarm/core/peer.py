@@ -71,8 +71,9 @@ A peer does six things, all driven by ``handle(now, input)`` and
    with the most queued work per slot: at once when a slot frees, then
    every ``offer_interval_s`` times a factor that doubles per offer (up to
    ``offer_backoff_max``) until an award or a freed slot resets it; no
-   peer is offered twice within four intervals, and a view with no queue
-   in it sends nothing. On an offer, the peer hands back the queued shards
+   peer is offered twice within four intervals, nor (with
+   ``offer_max_ratio``) one that many times faster than us, and a view
+   with no queue in it sends nothing. On an offer, the peer hands back the queued shards
    that would finish sooner at the offerer than here by more than
    ``move_margin_s`` plus ``move_margin_ratio`` of the run there, up to
    the slots offered (``AwardDecline`` "moved", ``to`` the offerer), and
@@ -488,12 +489,17 @@ class PeerCore(Node):
         self._offer_backoff = min(2 * self._offer_backoff, cfg.offer_backoff_max)
         best, score = "", 0.0
         cool = 4 * cfg.offer_interval_s
+        # with offer_max_ratio: none to a peer so much faster than us that
+        # its queue would rarely finish sooner here
+        faster = cfg.offer_max_ratio * max(self.throughput.values(), default=0.0) if cfg.offer_max_ratio > 0 else 0.0
         for e in self.view.live(now):
             if e.peer == self.id:
                 continue
             st = e.state
             queued_s = st.backlog_s * st.slots - sum(st.free_s)  # free_s: what runs, per slot
             if queued_s <= cfg.move_margin_s:
+                continue
+            if faster and max(st.throughput.values(), default=0.0) > faster:
                 continue
             last = self._offered.get(e.peer)
             if last is not None and now - last < cool:
