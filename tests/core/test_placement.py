@@ -661,6 +661,14 @@ def test_a_peer_offers_no_slot_to_a_peer_many_times_faster_with_offer_max_ratio(
     assert not on_fast and took < 90.0 and seen["offers"] >= 1 and seen["moved"] == 1
 
 
+@pytest.mark.parametrize("bad", [{"offer_interval_s": -1.0}, {"offer_backoff_max": 0}, {"offer_max_ratio": -2.0},
+                                 {"move_margin_s": -1.0}, {"move_margin_ratio": -0.1}])
+def test_a_bad_slot_offer_setting_is_refused_by_name(bad: dict[str, float]) -> None:
+    (name,) = bad
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        PeerConfig(**bad)  # type: ignore[arg-type]
+
+
 def test_an_idle_swarm_sends_no_slot_offers() -> None:
     # no peer's state shows a queue: idle peers wake to offer, and send nothing
     s = MiniSwarm(6, seed=3, peer_config=lambda i: PeerConfig(offer_interval_s=2.0),

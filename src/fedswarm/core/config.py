@@ -128,9 +128,12 @@ class PeerConfig:
             raise ValueError("bad slots / gossip settings")
         if self.gossip_quiet_max < 1:
             raise ValueError("gossip_quiet_max must be >= 1")
-        if (self.offer_interval_s < 0 or self.offer_backoff_max < 1 or self.move_margin_s < 0
-                or self.move_margin_ratio < 0 or self.offer_max_ratio < 0):
-            raise ValueError("bad slot-offer settings")
+        for name, value in (("offer_interval_s", self.offer_interval_s), ("offer_max_ratio", self.offer_max_ratio),
+                            ("move_margin_s", self.move_margin_s), ("move_margin_ratio", self.move_margin_ratio)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.offer_backoff_max < 1:
+            raise ValueError(f"offer_backoff_max must be >= 1, got {self.offer_backoff_max}")
         if not 0 <= self.join_pull <= 255:
             raise ValueError("join_pull must be in [0, 255]")
 
