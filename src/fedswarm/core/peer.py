@@ -432,9 +432,7 @@ class PeerCore(Node):
                     if self._late(lease.job, lease.tenant, lease.key[2], now, start, lease.start_by, lease.key):
                         # later work kept outranking it here: another peer may start it sooner
                         self.stats["shards_handed_back_late"] += 1
-                        self._drop(lease)
-                        t, j, s, a = lease.key
-                        out.append(self._send(t, AwardDecline(j, s, a, "late"), now))
+                        out.extend(self._hand_back(lease, "late", now))
                         etas = waits = None
                         continue
                 if etas is None:
@@ -546,9 +544,7 @@ class PeerCore(Node):
             here = waits[lease.key] + lease.run_s
             if there + cfg.move_margin_s + cfg.move_margin_ratio * there >= here:
                 continue
-            self._drop(lease)
-            t, j, s, a = lease.key
-            out.append(self._send(t, AwardDecline(j, s, a, "moved", author), now))
+            out.extend(self._hand_back(lease, "moved", now, author))
             self.stats["shards_moved"] += 1
             n -= g
             waits = self._queued_waits(ctx)
@@ -1219,6 +1215,14 @@ class PeerCore(Node):
             return [CancelShard(t, j, s, a)]
         return []
 
+    def _hand_back(self, lease: _Lease, reason: str, now: float, to: str = "") -> list[Effect]:
+        """Drop ``lease`` (cancelling its run if it runs) and tell its client
+        with an ``AwardDecline`` for ``reason`` (``to``: a peer to invite)."""
+        out = self._drop(lease)
+        t, j, s, a = lease.key
+        out.append(self._send(t, AwardDecline(j, s, a, reason, to), now))
+        return out
+
     def _speed_up(self, now: float) -> list[Effect]:
         """Raise every running shard below the top allowed level to it.
 
@@ -1388,10 +1392,8 @@ class PeerCore(Node):
         out: list[Effect] = []
         for lease in list(self.leases.values()):
             if lease.state == LeaseState.QUEUED:
-                t, j, s, a = lease.key
-                self._drop(lease)
                 self.stats["shards_handed_back"] += 1
-                out.append(self._send(t, AwardDecline(j, s, a, "leaving"), now))
+                out.extend(self._hand_back(lease, "leaving", now))
         raw = self._refresh_state(now, force=True)
         out.append(Publish(TOPIC_PEERS, raw, "PeerState"))
         peers = self.view.peers_but(self.id)
@@ -1403,9 +1405,7 @@ class PeerCore(Node):
         """Grace period over: give back shards still running."""
         out: list[Effect] = []
         for lease in list(self.leases.values()):
-            t, j, s, a = lease.key
-            out.extend(self._drop(lease))
-            out.append(self._send(t, AwardDecline(j, s, a, "leaving"), now))
+            out.extend(self._hand_back(lease, "leaving", now))
         return out
 
     @property
